@@ -1,0 +1,35 @@
+# Set-up, demo and tests. Every target creates .venv when it is missing.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build. Where PyPI's
+	# torch is a CUDA build, pass TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mopd demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest -q bench --benchmark-only
+
+lint: $(STAMP)
+	$(BIN)/ruff check mopd tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

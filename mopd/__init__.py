@@ -1,0 +1,2 @@
+"""MultiAgent-OPD."""
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from mopd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The `mopd` command line: one console script, one subcommand per area.
+
+Each area keeps its commands in its own ``commands`` module with a ``register(subparsers)``
+function; they are imported only when the command line is built, so ``mopd --help`` stays fast
+and an area's heavy imports (torch, transformers, faiss) happen only when its command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+# Areas whose commands the CLI offers, in --help order.
+COMMAND_MODULES = [
+    "mopd.config_commands",
+]
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
+    """Everything after the preset is a config override (``a.b=1`` or ``--a.b 1``); a command's own
+    options therefore go before the preset."""
+    parser.add_argument("overrides", nargs=argparse.REMAINDER,
+                        help="config overrides after the preset: trainer.lr=2e-6 or --trainer.lr 2e-6")
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one clear line, without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mopd",
+        description="MultiAgent-OPD: train a Leader/Searcher/Answerer team that shares one LLM "
+                    "(Stage I outcome RL, Stage II on-policy distillation), evaluate it, and run its kernels.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def _version() -> str:
+    from mopd import __version__
+
+    return __version__
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    from mopd.config import ConfigError
+    from mopd.rollout.records import RecordError
+
+    try:
+        rc = args.func(args)
+    except (UserError, ConfigError, RecordError, FileNotFoundError) as e:
+        print(f"mopd {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mopd {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

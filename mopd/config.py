@@ -1,0 +1,566 @@
+"""Nested, typed run configuration and the named method presets.
+
+A run is described by one :class:`Config`. Presets are plain Python functions that return a
+``Config`` (as torchtitan's config registry); any field can then be overridden by a dotted key
+(``trainer.lr=2e-6`` or ``--trainer.lr 2e-6``), and a whole config can be loaded from YAML.
+Typing and unknown keys are checked by OmegaConf's structured configs; the ranges and the
+cross-field rules are checked in each dataclass's ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+ROLES = ("leader", "searcher", "answerer")
+
+
+class ConfigError(ValueError):
+    """A bad key, type or value in a run configuration."""
+
+
+def _choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {sorted(choices)}")
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        raise ConfigError(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+# --------------------------------------------------------------------------------------------
+# Model, data, retrieval, rollout
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Hugging Face model directory (or hub id already in the user's cache) of the policy pi_0."""
+    dtype: str = "auto"
+    """Parameter dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass to save memory."""
+    use_liger: bool = True
+    """Use Liger's RMSNorm/SwiGLU/RoPE kernels on CUDA when liger-kernel is installed."""
+    attn_implementation: str = "auto"
+    """auto (flash-attn varlen on CUDA when installed, else a block-diagonal masked SDPA), sdpa, eager."""
+
+    def __post_init__(self):
+        _choice("model.dtype", self.dtype, {"auto", "float32", "bfloat16"})
+        _choice("model.attn_implementation", self.attn_implementation, {"auto", "sdpa", "eager", "flash"})
+
+
+@dataclass
+class DataConfig:
+    train: str = ""
+    """Training questions: FlashRAG jsonl or Search-R1 parquet."""
+    dev: str = ""
+    """Validation questions (same formats); empty disables validation."""
+    dev_size: int = 64
+    """How many dev questions each validation uses (the first N, fixed across the run)."""
+    skip_malformed: bool = False
+    """Skip malformed rows (counted and reported) instead of stopping with an error."""
+
+    def __post_init__(self):
+        _positive("data.dev_size", self.dev_size)
+
+
+@dataclass
+class RetrieverConfig:
+    kind: str = "inprocess"
+    """inprocess (an index directory loaded into this process) or http (a Search-R1-style server)."""
+    index: str = ""
+    """Index directory built by `mopd retriever build-index` (kind=inprocess)."""
+    url: str = "http://127.0.0.1:8000"
+    """Server address (kind=http)."""
+    topk: int = 3
+    """Passages returned per search action."""
+    timeout_s: float = 30.0
+    """HTTP timeout per request."""
+    retries: int = 5
+    """Retries with exponential backoff before the run stops with a clear error."""
+
+    def __post_init__(self):
+        _choice("retriever.kind", self.kind, {"inprocess", "http"})
+        _positive("retriever.topk", self.topk)
+        _positive("retriever.timeout_s", self.timeout_s)
+        _positive("retriever.retries", self.retries, allow_zero=True)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """hf (transformers, CPU or CUDA) or vllm (colocated vLLM, needs the gpu extra)."""
+    workflow: str = "cmas"
+    """cmas (Searcher -> Answerer cascade) or hmas (Leader -> waves of Searchers -> Answerer)."""
+    group_size: int = 5
+    """G: trajectories sampled per question."""
+    answer_candidates: int = 5
+    """Answerer candidates per answering request."""
+    temperature: float = 1.0
+    """Sampling temperature of every role during training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling mass during training rollouts."""
+    max_input_tokens: int = 8192
+    """Per-call prompt limit: longer inputs are cut from the left of the history and recorded."""
+    max_output_tokens: int = 512
+    """Per-call output limit (EOS included)."""
+    max_steps: int = 5
+    """Environment steps per workflow (C-MAS 5, H-MAS 12)."""
+    max_rounds: int = 5
+    """H-MAS delegation rounds before the Leader is forced to select."""
+    max_searchers_per_wave: int = 4
+    """H-MAS: subtasks beyond this number in one Leader output are dropped (recorded)."""
+    max_batch_calls: int = 256
+    """Upper bound on agent calls sent to the engine in one generate() batch."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: fraction of GPU memory for weights and KV cache (the rest is the trainer's)."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism."""
+    seed: int = 0
+    """Base sampling seed; each step and call derives its own."""
+
+    def __post_init__(self):
+        _choice("rollout.engine", self.engine, {"hf", "vllm"})
+        _choice("rollout.workflow", self.workflow, {"cmas", "hmas"})
+        for name in ("group_size", "answer_candidates", "max_input_tokens", "max_output_tokens",
+                     "max_steps", "max_rounds", "max_searchers_per_wave", "max_batch_calls",
+                     "tensor_parallel_size"):
+            _positive(f"rollout.{name}", getattr(self, name))
+        _positive("rollout.temperature", self.temperature)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
+        if not 0 < self.gpu_memory_utilization < 1:
+            raise ConfigError("rollout.gpu_memory_utilization must be in (0, 1)")
+
+
+# --------------------------------------------------------------------------------------------
+# The method: rewards, per-role loss terms, teacher
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RoleLossConfig:
+    """How one role's tokens enter the loss (mirrors mopd.kernels.RoleSpec)."""
+
+    advantage: str = "outcome"
+    """outcome (group-normalised reward) or opd (beta * (teacher_logp - old_logp) per token)."""
+    opd_coef: float = 0.01
+    """beta of the OPD advantage."""
+    pg_coef: float = 1.0
+    """Weight of the clipped policy-gradient term."""
+    entropy_coef: float = 1e-3
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    kl_coef: float = 0.0
+    """Weight of a KL-to-reference loss term (the paper keeps KL in the reward instead)."""
+    kl_type: str = "k3"
+    """Estimator of the KL loss term: k1 or k3."""
+
+    def __post_init__(self):
+        _choice("advantage", self.advantage, {"outcome", "opd"})
+        _choice("kl_type", self.kl_type, {"k1", "k3"})
+        for name in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
+            _positive(name, getattr(self, name), allow_zero=True)
+
+
+@dataclass
+class RewardConfig:
+    searcher: str = "team_bonus"
+    """Searcher reward: team_bonus (R_EM + bonus_coef*b_S), team (R_EM), critic
+    (critic weights of R_EM, R_judge, b_S) or none (the Searcher learns from OPD or not at all)."""
+    leader: str = "team_assign"
+    """Leader reward: team_assign (R_EM + assign_coef*R_assign) or team (R_EM)."""
+    answerer: str = "candidate_em"
+    """Answerer reward: candidate_em (c_ij of each candidate)."""
+    bonus_coef: float = 0.2
+    """Weight of the Searcher behaviour bonus b_S."""
+    assign_coef: float = 0.2
+    """Weight of the Leader assignment reward R_assign."""
+    assign_cap: int = 6
+    """C_tool is capped at this many steps: R_assign = min(C_tool, cap) / cap."""
+    invalid_reward: float = -1.0
+    """Total reward of a role's output with an invalid action format."""
+    kl_coef: float = 0.0
+    """KL-in-reward weight: kl_coef * sum_t (old_logp - teacher_logp) is subtracted (k1)."""
+    kl_roles: List[str] = field(default_factory=list)
+    """Roles whose reward carries the KL term (Stage II: leader, answerer)."""
+    critic_em: float = 0.3
+    """Prompted Critic: weight of R_EM in the Searcher reward."""
+    critic_judge: float = 0.5
+    """Prompted Critic: weight of the judge verdict."""
+    critic_bonus: float = 0.2
+    """Prompted Critic: weight of b_S."""
+
+    def __post_init__(self):
+        _choice("reward.searcher", self.searcher, {"team_bonus", "team", "critic", "none"})
+        _choice("reward.leader", self.leader, {"team_assign", "team"})
+        _choice("reward.answerer", self.answerer, {"candidate_em"})
+        _positive("reward.assign_cap", self.assign_cap)
+        _positive("reward.kl_coef", self.kl_coef, allow_zero=True)
+        for r in self.kl_roles:
+            _choice("reward.kl_roles[]", r, set(ROLES))
+
+
+@dataclass
+class AlgoConfig:
+    leader: RoleLossConfig = field(default_factory=RoleLossConfig)
+    """Loss terms of Leader tokens."""
+    searcher: RoleLossConfig = field(default_factory=RoleLossConfig)
+    """Loss terms of Searcher tokens."""
+    answerer: RoleLossConfig = field(default_factory=RoleLossConfig)
+    """Loss terms of Answerer tokens."""
+    clip_low: float = 0.2
+    """PPO ratio clip below 1."""
+    clip_high: float = 0.2
+    """PPO ratio clip above 1."""
+    dual_clip: Optional[float] = None
+    """Dual-clip constant c > 1 for negative advantages; null disables it."""
+    adv_eps: float = 1e-6
+    """epsilon in (r - mean) / (std + eps)."""
+
+    def __post_init__(self):
+        _positive("algo.clip_low", self.clip_low)
+        _positive("algo.clip_high", self.clip_high)
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ConfigError(f"algo.dual_clip={self.dual_clip} must be > 1 (or null)")
+
+    def role(self, name: str) -> RoleLossConfig:
+        _choice("role", name, set(ROLES))
+        return getattr(self, name)
+
+
+@dataclass
+class TeacherConfig:
+    path: str = ""
+    """Frozen teacher model (a Hugging Face directory, e.g. the Stage-I export); empty = no teacher."""
+    cpu_offload: bool = False
+    """Keep the teacher's sharded parameters on CPU between scoring passes."""
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 500
+    """Training steps (one rollout batch and its PPO updates each)."""
+    questions_per_step: int = 32
+    """Questions per step (each sampled group_size times)."""
+    ppo_minibatches: int = 5
+    """PPO mini-batch updates per step."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one packed micro-batch (per rank)."""
+    lr: float = 1e-6
+    """AdamW learning rate after warm-up."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then constant."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    max_bad_steps: int = 3
+    """Consecutive non-finite updates before the run stops (with a checkpoint)."""
+    seed: int = 0
+    """Seed of data order, rollouts and initialisation."""
+    out_dir: str = "runs/default"
+    """Run directory: checkpoints, metrics.jsonl, plots."""
+    checkpoint_every: int = 100
+    """Steps between checkpoints (0 disables periodic ones; the final step is always saved)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept (oldest deleted first)."""
+    val_every: int = 50
+    """Steps between validations on the dev set (0 disables)."""
+    log_every: int = 1
+    """Steps between metric lines."""
+    tensorboard: bool = False
+    """Also write TensorBoard events (needs tensorboard)."""
+    wandb_project: str = ""
+    """Also log to this W&B project (needs wandb)."""
+
+    def __post_init__(self):
+        for name in ("steps", "questions_per_step", "ppo_minibatches", "micro_batch_tokens",
+                     "keep_checkpoints", "max_bad_steps"):
+            _positive(f"trainer.{name}", getattr(self, name))
+        _positive("trainer.lr", self.lr)
+        for name in ("warmup_steps", "checkpoint_every", "val_every", "weight_decay"):
+            _positive(f"trainer.{name}", getattr(self, name), allow_zero=True)
+        _positive("trainer.grad_clip", self.grad_clip)
+        _positive("trainer.log_every", self.log_every)
+
+
+@dataclass
+class EvalConfig:
+    attempts: int = 4
+    """Independent workflows per question."""
+    temperature: float = 0.6
+    """Sampling temperature at evaluation."""
+    top_p: float = 0.95
+    """Nucleus mass at evaluation."""
+    answer_candidates: int = 1
+    """Answerer candidates per request at evaluation."""
+    bootstrap_draws: int = 4000
+    """Question-bootstrap draws for intervals."""
+    bootstrap_seed: int = 20260912
+    """Seed of the bootstrap."""
+
+    def __post_init__(self):
+        _positive("eval.attempts", self.attempts)
+        _positive("eval.answer_candidates", self.answer_candidates)
+        _positive("eval.bootstrap_draws", self.bootstrap_draws)
+
+
+@dataclass
+class Config:
+    method: str = "custom"
+    """Name of the preset this config came from (informational)."""
+    description: str = ""
+    """What the preset does, in a sentence."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        if self.rollout.workflow == "cmas" and self.algo.leader.advantage == "opd":
+            raise ConfigError("algo.leader.advantage=opd makes no sense for the cmas workflow (no Leader)")
+
+    def teacher_roles(self) -> List[str]:
+        """Roles whose training signal needs teacher log-probs (OPD or KL in reward)."""
+        need = {r for r in ROLES if self.algo.role(r).advantage == "opd"}
+        if self.reward.kl_coef > 0:
+            need |= set(self.reward.kl_roles)
+        return sorted(need)
+
+    def check_trainable(self) -> None:
+        """Checks that only matter when training starts (presets may leave paths empty)."""
+        if not self.model.path:
+            raise ConfigError("model.path is empty: set model.path=DIR (a Hugging Face model directory)")
+        if not self.data.train:
+            raise ConfigError("data.train is empty: set data.train=FILE (FlashRAG jsonl or Search-R1 parquet)")
+        need = self.teacher_roles()
+        if need and not self.teacher.path:
+            raise ConfigError(f"{self.method}: roles {need} need teacher log-probs (OPD or KL in reward); "
+                              "set teacher.path=DIR (the Stage-I export, or pi_0 for base_teacher)")
+
+
+# --------------------------------------------------------------------------------------------
+# Presets (torchtitan-style registry of functions returning a Config)
+# --------------------------------------------------------------------------------------------
+
+PRESETS: Dict[str, Callable[[], Config]] = {}
+
+
+def preset(fn: Callable[[], Config]) -> Callable[[], Config]:
+    """Register a function returning a Config under its own name."""
+    PRESETS[fn.__name__] = fn
+    return fn
+
+
+def _stage2_base(method: str, description: str, searcher: RoleLossConfig, searcher_reward: str,
+                 teacher_path: str = "") -> Config:
+    """H-MAS with outcome RL for Leader and Answerer (R - KL in reward), the Searcher as given."""
+    return Config(
+        method=method,
+        description=description,
+        rollout=RolloutConfig(workflow="hmas", max_steps=12, max_rounds=5),
+        reward=RewardConfig(searcher=searcher_reward, leader="team_assign", kl_coef=1e-3,
+                            kl_roles=["leader", "answerer"]),
+        algo=AlgoConfig(searcher=searcher),
+        teacher=TeacherConfig(path=teacher_path),
+    )
+
+
+@preset
+def cmas_rl() -> Config:
+    """Stage I: Searcher -> Answerer cascade, GRPO on R_S (Searcher) and R_A (Answerer)."""
+    return Config(
+        method="cmas_rl",
+        description="Stage I (C-MAS): role-wise GRPO on R_EM + 0.2 b_S (Searcher) and c_ij (Answerer); no teacher.",
+        rollout=RolloutConfig(workflow="cmas", max_steps=5),
+        reward=RewardConfig(searcher="team_bonus"),
+    )
+
+
+@preset
+def mopd() -> Config:
+    """Stage II: the paper's method, OPD from the Stage-I teacher on every Searcher token."""
+    return _stage2_base(
+        "mopd",
+        "Stage II (H-MAS), MultiAgent-OPD: GRPO on R_EM + 0.2 R_assign - KL (Leader), c_ij - KL "
+        "(Answerer), per-token OPD from the Stage-I teacher (Searcher). Set teacher.path.",
+        RoleLossConfig(advantage="opd", opd_coef=0.01), "none")
+
+
+@preset
+def outcome_searcher() -> Config:
+    """Ablation: Searchers trained with GRPO on the team outcome instead of OPD."""
+    c = _stage2_base("outcome_searcher",
+                     "Ablation: H-MAS with Searchers on GRPO over R_EM (no teacher for the Searcher); "
+                     "KL in reward still needs teacher.path.",
+                     RoleLossConfig(advantage="outcome"), "team")
+    return c
+
+
+@preset
+def base_teacher() -> Config:
+    """Ablation: OPD from the untrained base model pi_0 instead of the Stage-I teacher."""
+    return _stage2_base("base_teacher",
+                        "Ablation: OPD and KL from pi_0 (teacher.path = model.path) instead of Stage I.",
+                        RoleLossConfig(advantage="opd", opd_coef=0.01), "none")
+
+
+@preset
+def no_searcher_supervision() -> Config:
+    """Ablation: Searcher policy, entropy and KL terms are 0; its tokens stay in the denominator."""
+    return _stage2_base(
+        "no_searcher_supervision",
+        "Ablation: no Searcher learning signal (pg, entropy, KL coefficients 0); its tokens still "
+        "count in the loss denominator. Teacher = Stage I (for Leader/Answerer KL in reward).",
+        RoleLossConfig(advantage="outcome", pg_coef=0.0, entropy_coef=0.0, kl_coef=0.0), "none")
+
+
+@preset
+def prompted_critic() -> Config:
+    """Baseline: Searchers on GRPO over 0.3 R_EM + 0.5 R_judge + 0.2 b_S (judge = current policy)."""
+    return _stage2_base(
+        "prompted_critic",
+        "Baseline: H-MAS with Searchers on GRPO over 0.3 R_EM + 0.5 R_judge + 0.2 b_S, R_judge a "
+        "binary verdict of the current policy on the judge prompt.",
+        RoleLossConfig(advantage="outcome"), "critic")
+
+
+@preset
+def cmas_base() -> Config:
+    """Untrained C-MAS baseline (evaluation only)."""
+    return Config(method="cmas_base", description="Untrained pi_0 in the C-MAS workflow (evaluation only).",
+                  rollout=RolloutConfig(workflow="cmas", max_steps=5))
+
+
+@preset
+def hmas_base() -> Config:
+    """Untrained H-MAS baseline (evaluation only)."""
+    return Config(method="hmas_base", description="Untrained pi_0 in the H-MAS workflow (evaluation only).",
+                  rollout=RolloutConfig(workflow="hmas", max_steps=12, max_rounds=5))
+
+
+# --------------------------------------------------------------------------------------------
+# Resolution: preset -> YAML -> dotted overrides, with errors that name the key
+# --------------------------------------------------------------------------------------------
+
+
+def _valid_keys(node, prefix: str = "") -> List[str]:
+    from omegaconf import DictConfig
+
+    keys = []
+    for k in node.keys():
+        child = node._get_node(k)
+        full = f"{prefix}{k}"
+        if isinstance(child, DictConfig) and child._is_none() is False and dataclasses.is_dataclass(
+                child._metadata.object_type or object):
+            keys.extend(_valid_keys(child, full + "."))
+        else:
+            keys.append(full)
+    return keys
+
+
+def normalize_overrides(args: List[str]) -> List[str]:
+    """Turn ``--a.b 3``, ``--a.b=3`` and ``a.b=3`` into OmegaConf dotlist items ``a.b=3``."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            a = a[2:]
+            if "=" not in a:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"override --{a} has no value")
+                a = f"{a}={args[i + 1]}"
+                i += 1
+        if "=" not in a:
+            raise ConfigError(f"override {a!r} is not of the form key=value or --key value")
+        out.append(a)
+        i += 1
+    return out
+
+
+def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = None,
+            yaml_file: Optional[str] = None) -> Config:
+    """Build the config of a run: a preset (or the defaults), then a YAML file, then overrides."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if preset_name is None:
+        base = Config()
+    elif preset_name in PRESETS:
+        base = PRESETS[preset_name]()
+    else:
+        close = difflib.get_close_matches(preset_name, PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown preset {preset_name!r}{hint}; presets: {sorted(PRESETS)}")
+    schema = OmegaConf.structured(base)
+    valid = _valid_keys(schema)
+    layers = []
+    if yaml_file:
+        p = Path(yaml_file)
+        if not p.is_file():
+            raise ConfigError(f"config file {yaml_file} does not exist")
+        try:
+            layers.append(OmegaConf.load(p))
+        except Exception as e:  # yaml syntax
+            raise ConfigError(f"config file {yaml_file} is not valid YAML: {e}") from None
+    if overrides:
+        items = normalize_overrides(list(overrides))
+        for it in items:
+            key = it.split("=", 1)[0]
+            if key not in valid:
+                close = difflib.get_close_matches(key, valid, n=3)
+                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                section = key.rsplit(".", 1)[0] + "." if "." in key else ""
+                same = [k for k in valid if k.startswith(section)] if section else []
+                more = f" Valid keys under {section[:-1]}: {same}" if same else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}.{more}")
+        layers.append(OmegaConf.from_dotlist(items))
+    try:
+        merged = OmegaConf.merge(schema, *layers)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigKeyError as e:
+        key = getattr(e, "full_key", None) or str(e)
+        close = difflib.get_close_matches(str(key), valid, n=3)
+        raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {close}?" if close else "")
+                          + f" Valid keys: {valid}") from None
+    except ValidationError as e:
+        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {e.msg.splitlines()[0]}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad config: {e}") from None
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def describe(cfg: Config) -> str:
+    """A short human summary of what a method does: role specs, rewards, teacher."""
+    lines = [f"method: {cfg.method} ({cfg.rollout.workflow})", f"  {cfg.description}"]
+    roles = ("searcher", "answerer") if cfg.rollout.workflow == "cmas" else ROLES
+    reward_of = {"leader": cfg.reward.leader, "searcher": cfg.reward.searcher, "answerer": cfg.reward.answerer}
+    for r in roles:
+        spec = cfg.algo.role(r)
+        sig = (f"OPD beta={spec.opd_coef}" if spec.advantage == "opd"
+               else f"GRPO on reward={reward_of[r]}")
+        kl = f", KL in reward {cfg.reward.kl_coef}" if r in cfg.reward.kl_roles and cfg.reward.kl_coef else ""
+        lines.append(f"  {r:9s} {sig}{kl}; pg={spec.pg_coef} entropy={spec.entropy_coef} kl_loss={spec.kl_coef}")
+    lines.append(f"  teacher: {cfg.teacher.path or '(none)'}")
+    return "\n".join(lines)

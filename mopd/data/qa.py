@@ -1,0 +1,173 @@
+"""QA datasets: FlashRAG jsonl and Search-R1 parquet rows read into one example type."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+
+class DataError(ValueError):
+    """A malformed dataset file or row; the message names the file and the line (or row)."""
+
+
+@dataclass
+class QAExample:
+    id: str
+    dataset: str
+    question: str
+    answers: List[str]
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        # FlashRAG field names, so our manifests are readable by FlashRAG tools too.
+        d["golden_answers"] = d.pop("answers")
+        if not d["meta"]:
+            d.pop("meta")
+        return d
+
+
+@dataclass
+class LoadReport:
+    path: str
+    loaded: int = 0
+    skipped: int = 0
+    problems: List[str] = field(default_factory=list)
+
+
+def _example_from_flashrag(row, dataset: str, where: str) -> QAExample:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object")
+    for key in ("id", "question", "golden_answers"):
+        if key not in row:
+            raise DataError(f"{where}: missing field {key!r}")
+    q, answers = row["question"], row["golden_answers"]
+    if not isinstance(q, str) or not q.strip():
+        raise DataError(f"{where}: field 'question' must be a non-empty string")
+    if isinstance(answers, str):
+        answers = [answers]
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        raise DataError(f"{where}: field 'golden_answers' must be a non-empty list of strings")
+    ds = row.get("dataset") or row.get("data_source") or dataset
+    return QAExample(id=str(row["id"]), dataset=str(ds), question=q.strip(), answers=list(answers))
+
+
+def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
+                  skip_malformed: bool = False) -> Tuple[List[QAExample], LoadReport]:
+    """Read FlashRAG jsonl rows ``{"id", "question", "golden_answers"}``.
+
+    The dataset name is the row's ``dataset`` field, else ``dataset``, else the file's parent
+    directory name (FlashRAG keeps ``nq/test.jsonl``) or its stem.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"dataset file {p} does not exist")
+    name = dataset or (p.parent.name if p.stem in ("train", "dev", "test", "valid") else p.stem)
+    report = LoadReport(str(p))
+    out: List[QAExample] = []
+    with p.open("r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{p}:{lineno}"
+            try:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+                out.append(_example_from_flashrag(row, name, where))
+            except DataError as e:
+                if not skip_malformed:
+                    raise
+                report.skipped += 1
+                report.problems.append(str(e))
+    report.loaded = len(out)
+    return out, report
+
+
+def load_searchr1_parquet(path: str | os.PathLike, skip_malformed: bool = False
+                          ) -> Tuple[List[QAExample], LoadReport]:
+    """Read Search-R1 parquet rows (``data_source``, ``prompt``, ``reward_model.ground_truth.target``).
+
+    The question is the row's ``question`` column when present, else the last user message of
+    ``prompt`` (Search-R1 keeps its instruction template there; we keep the text after 'Question:').
+    """
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"dataset file {p} does not exist")
+    try:
+        rows = pq.read_table(p).to_pylist()
+    except Exception as e:  # pyarrow raises many types for a broken file
+        raise DataError(f"{p}: not a readable parquet file ({e})") from None
+    report = LoadReport(str(p))
+    out: List[QAExample] = []
+    for i, row in enumerate(rows):
+        where = f"{p}: row {i}"
+        try:
+            out.append(_example_from_searchr1(row, i, where))
+        except DataError as e:
+            if not skip_malformed:
+                raise
+            report.skipped += 1
+            report.problems.append(str(e))
+    report.loaded = len(out)
+    return out, report
+
+
+def _example_from_searchr1(row: dict, index: int, where: str) -> QAExample:
+    ds = row.get("data_source")
+    if not isinstance(ds, str) or not ds:
+        raise DataError(f"{where}: missing field 'data_source'")
+    try:
+        target = row["reward_model"]["ground_truth"]["target"]
+    except (KeyError, TypeError):
+        raise DataError(f"{where}: missing field 'reward_model.ground_truth.target'") from None
+    if isinstance(target, str):
+        target = [target]
+    target = [str(t) for t in (target or [])]
+    if not target:
+        raise DataError(f"{where}: field 'reward_model.ground_truth.target' is empty")
+    q = row.get("question")
+    if not isinstance(q, str) or not q.strip():
+        prompt = row.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            raise DataError(f"{where}: missing field 'prompt' (and no 'question')")
+        users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if not users:
+            raise DataError(f"{where}: field 'prompt' has no user message")
+        q = users[-1]
+        if "Question:" in q:
+            q = q.rsplit("Question:", 1)[1]
+        q = q.strip()
+        if not q:
+            raise DataError(f"{where}: empty question")
+    extra = row.get("extra_info") or {}
+    qid = row.get("id") or (extra.get("index") if isinstance(extra, dict) else None)
+    qid = f"{ds}_{qid if qid is not None else index}"
+    return QAExample(id=str(qid), dataset=ds, question=q.strip(), answers=target)
+
+
+def load_questions(path: str | os.PathLike, dataset: Optional[str] = None,
+                   skip_malformed: bool = False) -> Tuple[List[QAExample], LoadReport]:
+    """Read a QA file by its suffix: ``.jsonl``/``.json`` (FlashRAG) or ``.parquet`` (Search-R1)."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        return load_searchr1_parquet(p, skip_malformed)
+    if p.suffix in (".jsonl", ".json"):
+        return load_flashrag(p, dataset, skip_malformed)
+    raise DataError(f"{p}: unknown dataset format {p.suffix!r}; use .jsonl (FlashRAG) or .parquet (Search-R1)")
+
+
+def write_questions(path: str | os.PathLike, examples: List[QAExample]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for ex in examples:
+            f.write(json.dumps(ex.to_json(), ensure_ascii=False) + "\n")
+    os.replace(tmp, p)
