@@ -15,6 +15,8 @@ from typing import List, Optional
 # Areas whose commands the CLI offers, in --help order.
 COMMAND_MODULES = [
     "mopd.config_commands",
+    "mopd.data.commands",
+    "mopd.eval.score_commands",
 ]
 
 
@@ -55,11 +57,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     from mopd.config import ConfigError
+    from mopd.data.qa import DataError
     from mopd.rollout.records import RecordError
 
     try:
         rc = args.func(args)
-    except (UserError, ConfigError, RecordError, FileNotFoundError) as e:
+    except (UserError, ConfigError, RecordError, DataError, FileNotFoundError) as e:
         print(f"mopd {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
