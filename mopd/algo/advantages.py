@@ -1,0 +1,156 @@
+"""Advantages: role-wise GRPO, Answerer candidate groups, OPD, and the per-token assembly.
+
+``group_normalize`` uses the *sample* standard deviation (Bessel-corrected, ddof=1), as verl's
+``compute_grpo_outcome_advantage`` and TRL's GRPO trainer do, so numbers match what users of
+those trainers expect. A group of one, or a group whose rewards are all equal, gets advantage 0.
+
+Groups (Dr. MAS role-wise normalisation, DESIGN §4):
+- Leader, and Searchers with a trajectory-level reward: one value per trajectory, normalised over
+  the G trajectories of the same question; every call of the role in a trajectory takes it.
+- Searchers with per-call rewards (the prompted critic): normalised over all Searcher calls of the
+  question's G trajectories.
+- Answerer: over the candidates of one answering request (``AgentCall.group``).
+- OPD roles take no outcome advantage: per token ``beta * (teacher_logp - old_logp)``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, Hashable, List, Sequence, Tuple
+
+import torch
+
+from mopd.config import ROLES, AlgoConfig
+from mopd.rollout.records import AgentCall, WorkflowRecord
+
+ROLE_IDS: Dict[str, int] = {r: i for i, r in enumerate(ROLES)}
+"""Row of each role in the role_specs list handed to the fused loss (leader 0, searcher 1, answerer 2)."""
+
+
+def group_normalize(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """``(r - mean_g) / (std_g + eps)`` per group, std with ddof=1; singletons and ties give 0."""
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
+    if isinstance(group_ids, torch.Tensor):
+        keys = group_ids.tolist()
+    else:
+        keys = list(group_ids)
+    if len(keys) != r.numel():
+        raise ValueError(f"rewards has {r.numel()} entries but group_ids has {len(keys)}")
+    index: Dict[Hashable, int] = {}
+    gid = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
+    n = len(index)
+    count = torch.zeros(n, dtype=torch.float64).index_add_(0, gid, torch.ones_like(r))
+    mean = torch.zeros(n, dtype=torch.float64).index_add_(0, gid, r) / count
+    dev = r - mean[gid]
+    ss = torch.zeros(n, dtype=torch.float64).index_add_(0, gid, dev * dev)
+    std = torch.sqrt(ss / (count - 1).clamp(min=1))
+    adv = dev / (std[gid] + eps)
+    # Exact zeros where the group cannot rank anything (one member, or all equal).
+    flat = (count[gid] < 2) | (std[gid] == 0)
+    adv = torch.where(flat, torch.zeros_like(adv), adv)
+    return adv.to(torch.float32)
+
+
+def opd_advantages(teacher_logp: torch.Tensor, old_logp: torch.Tensor, beta: float = 0.01,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token OPD advantage ``beta * (log pi_T - log pi_old)``, 0 where ``mask`` is 0.
+
+    It is computed whatever the outcomes are (also when all G rewards are equal); pass the
+    Searcher's loss mask so retrieved passages and prompts get 0.
+    """
+    if teacher_logp.shape != old_logp.shape:
+        raise ValueError(f"teacher_logp {tuple(teacher_logp.shape)} and old_logp {tuple(old_logp.shape)} differ")
+    adv = beta * (teacher_logp.float() - old_logp.float())
+    if mask is not None:
+        adv = adv * mask.to(adv.dtype)
+    return adv
+
+
+def _question_key(record: WorkflowRecord) -> str:
+    return f"{record.dataset}/{record.question_id}"
+
+
+def role_advantages(records: Sequence[WorkflowRecord], rewards: Sequence[Dict[str, float]],
+                    per_call_roles: Sequence[str] = (), eps: float = 1e-6) -> List[Dict[str, float]]:
+    """Advantage of every rewarded call, per record (same shape as ``rewards``).
+
+    ``rewards[i]`` maps call ids of ``records[i]`` to their (KL-adjusted) reward; calls without a
+    reward (OPD Searchers) get no advantage. ``per_call_roles`` lists the trajectory roles whose
+    rewards differ per call (``searcher`` under the critic); the Answerer is always per call.
+    """
+    if len(records) != len(rewards):
+        raise ValueError(f"{len(records)} records but {len(rewards)} reward maps")
+    units: List[Tuple[Hashable, float, List[Tuple[int, str]]]] = []
+    for i, (rec, rw) in enumerate(zip(records, rewards)):
+        by_role: Dict[str, List[AgentCall]] = defaultdict(list)
+        for call in rec.calls:
+            if call.call_id in rw:
+                by_role[call.role].append(call)
+        for role, calls in by_role.items():
+            if role == "answerer":
+                for c in calls:
+                    units.append((("answerer", _question_key(rec), rec.attempt, c.group), rw[c.call_id],
+                                  [(i, c.call_id)]))
+            elif role in per_call_roles:
+                for c in calls:
+                    units.append(((role, _question_key(rec)), rw[c.call_id], [(i, c.call_id)]))
+            else:
+                values = {rw[c.call_id] for c in calls}
+                if len(values) != 1:
+                    raise ValueError(f"{role} calls of {rec.question_id} attempt {rec.attempt} carry different "
+                                     f"rewards {sorted(values)}; a trajectory-level role needs one reward")
+                units.append(((role, _question_key(rec)), values.pop(), [(i, c.call_id) for c in calls]))
+    out: List[Dict[str, float]] = [dict() for _ in records]
+    if not units:
+        return out
+    adv = group_normalize(torch.tensor([u[1] for u in units]), [u[0] for u in units], eps)
+    for a, (_, _, members) in zip(adv.tolist(), units):
+        for i, cid in members:
+            out[i][cid] = a
+    return out
+
+
+def role_specs(algo: AlgoConfig) -> list:
+    """The fused loss's RoleSpec list, in ROLE_IDS order."""
+    from mopd.kernels import RoleSpec
+
+    return [RoleSpec(advantage=s.advantage, opd_coef=s.opd_coef, pg_coef=s.pg_coef,
+                     entropy_coef=s.entropy_coef, kl_coef=s.kl_coef, kl_type=s.kl_type)
+            for s in (algo.role(r) for r in ROLES)]
+
+
+def call_token_signals(call: AgentCall, advantage: float | None) -> Tuple[List[int], List[float]]:
+    """Per-token role id and advantage of one call: the role on model-written tokens, -1 elsewhere.
+
+    Outcome roles carry their call advantage on every model token; OPD roles (advantage None)
+    carry 0 there, and the loss turns ``teacher_logp - old_logp`` into their advantage.
+    """
+    rid = ROLE_IDS[call.role]
+    a = 0.0 if advantage is None else float(advantage)
+    roles: List[int] = []
+    advs: List[float] = []
+    for seg in call.segments:
+        n = len(seg.token_ids)
+        if seg.trainable:
+            roles.extend([rid] * n)
+            advs.extend([a] * n)
+        else:
+            roles.extend([-1] * n)
+            advs.extend([0.0] * n)
+    return roles, advs
+
+
+def token_advantages(calls: Sequence[AgentCall], advantages: Sequence[float | None]
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate per-token (roles, advantages) of calls in packing order.
+
+    The trainer shifts them by one position with the targets (token t is predicted at t-1).
+    """
+    roles: List[int] = []
+    advs: List[float] = []
+    for call, a in zip(calls, advantages, strict=True):
+        r, v = call_token_signals(call, a)
+        roles.extend(r)
+        advs.extend(v)
+    return torch.tensor(roles, dtype=torch.long), torch.tensor(advs, dtype=torch.float32)
