@@ -1,1 +1,61 @@
+"""Retrieval for the Searcher: corpus, encoders, indexes, in-process retriever, HTTP server and client.
 
+The interface the rest of the project uses::
+
+    retriever = load_retriever(cfg.retriever)       # in-process index dir, or an HTTP client
+    results = retriever.search(["who founded X?"], k=3)  # one list of Passage per query, best first
+    prompt_block = format_passages(results[0])     # "Doc 1(Title: t) text\\nDoc 2(...) ..."
+
+Heavy modules (torch, transformers, faiss, bm25s, aiohttp) are imported only when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Protocol, runtime_checkable
+
+from mopd.retriever.bundled import bundled_corpus_path, bundled_index
+from mopd.retriever.client import HttpRetriever, RetrieverUnavailable
+from mopd.retriever.corpus import Corpus, CorpusError
+from mopd.retriever.encoders import EncoderUnavailable
+from mopd.retriever.index_store import INDEX_KINDS, IndexDirError, IndexMismatch
+from mopd.retriever.passage import Passage, format_passages
+
+if TYPE_CHECKING:
+    from mopd.config import RetrieverConfig
+    from mopd.retriever.local import LocalRetriever
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    def search(self, queries: List[str], k: int) -> List[List[Passage]]:
+        """Batched search: one list per query, best first."""
+        ...
+
+
+def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str = "flat", **kwargs):
+    """Build (or resume, or reuse) an index directory; see :func:`mopd.retriever.builder.build_index`."""
+    from mopd.retriever.builder import build_index as _build
+
+    return _build(corpus_path, out_dir, encoder=encoder, index_kind=index_kind, **kwargs)
+
+
+def open_retriever(index_dir, **kwargs) -> "LocalRetriever":
+    """An in-process retriever over ``index_dir``; see :class:`mopd.retriever.local.LocalRetriever`."""
+    from mopd.retriever.local import LocalRetriever
+
+    return LocalRetriever(index_dir, **kwargs)
+
+
+def load_retriever(cfg: "RetrieverConfig") -> Retriever:
+    """``kind=inprocess``: the index directory ``cfg.index`` loaded here (empty: the bundled corpus's
+    MiniLM flat index, built into the cache on first use); ``kind=http``: a client of ``cfg.url``."""
+    if cfg.kind == "http":
+        return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries)
+    if cfg.kind != "inprocess":
+        raise ValueError(f"retriever.kind={cfg.kind!r} is not valid; choose inprocess or http")
+    return open_retriever(cfg.index or bundled_index())
+
+
+__all__ = ["Retriever", "Passage", "format_passages", "load_retriever", "build_index", "open_retriever",
+           "RetrieverUnavailable", "HttpRetriever", "Corpus", "CorpusError", "EncoderUnavailable",
+           "IndexMismatch", "IndexDirError", "INDEX_KINDS", "bundled_corpus_path", "bundled_index"]

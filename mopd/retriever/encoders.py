@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -94,20 +94,23 @@ class Encoder:
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        self.spec = ENCODERS.get(name) or ENCODERS[name]  # KeyError path handled by resolve_model_path
         self.model_path = resolve_model_path(name, path)
+        self.spec = ENCODERS[name]
         self.name, self.dim = name, self.spec.dim
         self.device = pick_device(device)
         self.batch_size = batch_size
         self.max_length = max_length or self.spec.max_length
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        verbosity = hf_logging.get_verbosity()
+        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()  # the load report and progress bar are noise here
+        hf_logging.disable_progress_bar()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
             model = AutoModel.from_pretrained(str(self.model_path))
         finally:
             hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
         if self.device.startswith("cuda"):
             model = model.half()
         self.model = model.to(self.device).eval()
@@ -120,11 +123,14 @@ class Encoder:
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.encode([self.spec.query_prefix + t for t in texts])
 
-    def encode_passages(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
-        return self.encode([self.spec.passage_prefix + t for t in texts], progress=progress)
+    def encode_passages(self, texts: Sequence[str], progress: bool = False,
+                        on_batch: Optional[Callable[[int], None]] = None) -> np.ndarray:
+        return self.encode([self.spec.passage_prefix + t for t in texts], progress=progress, on_batch=on_batch)
 
-    def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
-        """Vectors of ``texts`` as given (prefixes already applied), in input order."""
+    def encode(self, texts: Sequence[str], progress: bool = False,
+               on_batch: Optional[Callable[[int], None]] = None) -> np.ndarray:
+        """Vectors of ``texts`` as given (prefixes already applied), in input order. ``on_batch(n)``
+        is called after each batch of ``n`` texts (for an outer progress bar)."""
         torch = self._torch
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not len(texts):
@@ -144,6 +150,8 @@ class Encoder:
                 out[idx] = mean_pool_normalize(hidden, batch["attention_mask"]).cpu().numpy()
                 if bar is not None:
                     bar.update(len(idx))
+                if on_batch is not None:
+                    on_batch(len(idx))
         if bar is not None:
             bar.close()
         return out

@@ -1,0 +1,199 @@
+"""Build an index directory from a corpus, resumably.
+
+Dense kinds encode the corpus in chunks of ``chunk_size`` passages; each chunk's vectors go to
+``DIR/build/chunk_NNNNNN.npy`` (written to a temporary name, then renamed, so a file that exists
+is complete). A killed build, run again with the same arguments, skips the chunks on disk and
+encodes the rest. When all chunks exist they are assembled into the index (FAISS adds them one
+chunk at a time; the torch index concatenates them into one memory-mapped ``vectors.npy``), then
+``meta.json`` is written (last: its presence marks a finished index) and ``build/`` is removed.
+
+A file lock on ``DIR/.lock`` keeps two processes from building the same directory at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from mopd.retriever.corpus import Corpus
+from mopd.retriever.index_store import (DENSE_KINDS, META_FILE, IndexDirError, IndexMeta, check_kind,
+                                        read_meta, write_meta)
+
+log = logging.getLogger(__name__)
+BUILD_DIR = "build"
+PARAMS_FILE = "params.json"
+
+
+@contextlib.contextmanager
+def _dir_lock(out_dir: Path):
+    with open(out_dir / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _chunk_path(build: Path, i: int) -> Path:
+    return build / f"chunk_{i:06d}.npy"
+
+
+def _say(msg: str, progress: bool) -> None:
+    log.info(msg)
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str = "flat",
+                encoder_path: Optional[str] = None, device: Optional[str] = None, chunk_size: int = 8192,
+                batch_size: int = 64, max_passages: Optional[int] = None, progress: bool = False,
+                overwrite: bool = False) -> Path:
+    """Build (or finish, or reuse) the index of ``corpus_path`` in ``out_dir``; returns ``out_dir``.
+
+    ``encoder``: "minilm" (bundled, offline) or "e5" (``encoder_path`` or the Hugging Face cache);
+    ignored for ``index_kind="bm25"``. ``max_passages`` indexes only the first N rows. A directory
+    that already holds the same finished index is returned as it is; one holding a different index
+    is an error unless ``overwrite``."""
+    check_kind(index_kind)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    enc_name = "" if index_kind == "bm25" else encoder
+    enc_path = str(Path(encoder_path).expanduser().resolve()) if encoder_path and enc_name else ""
+    with _dir_lock(out):
+        corpus = Corpus(corpus_path, cache_dir=out)
+        n = len(corpus) if max_passages is None else min(len(corpus), max_passages)
+        params = {"kind": index_kind, "encoder": enc_name, "encoder_path": enc_path,
+                  "corpus_path": str(corpus.path.resolve()), "corpus_fingerprint": corpus.fingerprint,
+                  "num_passages": n, "chunk_size": chunk_size}
+        same = ("kind", "encoder", "corpus_fingerprint", "num_passages")
+        if (out / META_FILE).is_file():
+            meta = read_meta(out)
+            if not overwrite and all(getattr(meta, k) == params[k] for k in same):
+                _say(f"{out}: already holds this index ({meta.describe()})", progress)
+                return out
+            if not overwrite:
+                raise IndexDirError(f"{out} already holds a different index ({meta.describe()}); choose another "
+                                    "directory or pass --overwrite")
+            _clear(out)
+        build = out / BUILD_DIR
+        if overwrite and build.exists():
+            shutil.rmtree(build)
+        build.mkdir(exist_ok=True)
+        pfile = build / PARAMS_FILE
+        if pfile.is_file():
+            old = json.loads(pfile.read_text())
+            if old != params:
+                diff = [k for k in params if old.get(k) != params[k]]
+                raise IndexDirError(f"{out} holds an interrupted build with other settings ({', '.join(diff)} "
+                                    "differ); run it with the same arguments to resume, or pass --overwrite")
+        else:
+            pfile.write_text(json.dumps(params, indent=2))
+        t0 = time.time()
+        if index_kind == "bm25":
+            from mopd.retriever.index_bm25 import BM25Index
+
+            _say(f"indexing {n} passages with BM25", progress)
+            index = BM25Index.build(corpus.iter_contents(0, n), n)
+            index.write(out)
+            dim = 0
+        else:
+            dim = _encode_chunks(corpus, n, build, enc_name, enc_path or None, device, chunk_size, batch_size,
+                                 progress)
+            _say(f"assembling the {index_kind} index from {_n_chunks(n, chunk_size)} chunks", progress)
+            _assemble(index_kind, build, n, chunk_size, dim, out)
+        write_meta(out, IndexMeta(kind=index_kind, encoder=enc_name, dim=dim, corpus_path=params["corpus_path"],
+                                  corpus_fingerprint=corpus.fingerprint, num_passages=n, encoder_path=enc_path))
+        shutil.rmtree(build, ignore_errors=True)
+        corpus.close()
+        _say(f"built {index_kind} index of {n} passages in {out} ({time.time() - t0:.1f} s)", progress)
+    return out
+
+
+def _clear(out: Path) -> None:
+    for name in (META_FILE, "index.faiss", "vectors.npy"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "bm25", ignore_errors=True)
+    shutil.rmtree(out / BUILD_DIR, ignore_errors=True)
+
+
+def _n_chunks(n: int, chunk_size: int) -> int:
+    return (n + chunk_size - 1) // chunk_size
+
+
+def _encode_chunks(corpus: Corpus, n: int, build: Path, enc_name: str, enc_path, device, chunk_size: int,
+                   batch_size: int, progress: bool) -> int:
+    from mopd.retriever.encoders import ENCODERS, load_encoder
+
+    total = _n_chunks(n, chunk_size)
+    todo = [i for i in range(total) if not _chunk_path(build, i).is_file()]
+    pending = set(todo)
+    done_rows = sum(min(chunk_size, n - i * chunk_size) for i in range(total) if i not in pending)
+    if todo and len(todo) < total:
+        _say(f"resuming: {total - len(todo)} of {total} chunks already encoded in {build}", progress)
+    if not todo:
+        return ENCODERS[enc_name].dim
+    encoder = load_encoder(enc_name, enc_path, device, batch_size)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, initial=done_rows, unit="passage", desc=f"encode {enc_name}", dynamic_ncols=True,
+                   smoothing=0.05)
+    try:
+        for i in todo:
+            lo, hi = i * chunk_size, min(n, (i + 1) * chunk_size)
+            vecs = encoder.encode_passages(corpus.contents(range(lo, hi)),
+                                           on_batch=bar.update if bar is not None else None)
+            dst = _chunk_path(build, i)
+            tmp = dst.with_name(dst.stem + ".tmp.npy")
+            np.save(tmp, vecs.astype(np.float32))
+            tmp.replace(dst)
+    finally:
+        if bar is not None:
+            bar.close()
+    return encoder.dim
+
+
+def _chunks(build: Path, n: int, chunk_size: int) -> Iterator[np.ndarray]:
+    for i in range(_n_chunks(n, chunk_size)):
+        yield np.load(_chunk_path(build, i), mmap_mode="r")
+
+
+def _train_sample(build: Path, n: int, chunk_size: int, max_rows: int, seed: int = 0) -> np.ndarray:
+    """Up to ``max_rows`` vectors drawn uniformly from all chunks (IVF training data)."""
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(n, size=min(n, max_rows), replace=False))
+    parts = []
+    for i, c in enumerate(_chunks(build, n, chunk_size)):
+        sel = rows[(rows >= i * chunk_size) & (rows < (i + 1) * chunk_size)] - i * chunk_size
+        parts.append(np.asarray(c[sel]))
+    return np.concatenate(parts)
+
+
+def _assemble(kind: str, build: Path, n: int, chunk_size: int, dim: int, out: Path) -> None:
+    assert kind in DENSE_KINDS
+    if kind == "torch":
+        from mopd.retriever.index_torch import VECTORS_FILE
+
+        tmp = out / (VECTORS_FILE + ".tmp.npy")
+        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
+        for i, c in enumerate(_chunks(build, n, chunk_size)):
+            vectors[i * chunk_size:i * chunk_size + len(c)] = c
+        vectors.flush()
+        del vectors
+        tmp.replace(out / VECTORS_FILE)
+        return
+    from mopd.retriever.index_faiss import TRAIN_SAMPLE, FaissIndex, build_faiss
+
+    sample = _train_sample(build, n, chunk_size, TRAIN_SAMPLE) if kind == "ivf" else None
+    index = build_faiss(kind, dim, n, _chunks(build, n, chunk_size), sample)
+    FaissIndex(index, kind).write(out)

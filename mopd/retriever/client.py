@@ -1,0 +1,97 @@
+"""HTTP client of a Search-R1-compatible retrieval server (ours or Search-R1's / FlashRAG's).
+
+Same interface as the in-process retriever: ``search(queries, k) -> list[list[Passage]]``. Each
+request has a timeout; connection errors, timeouts and 5xx/429 answers are retried with exponential
+backoff (``backoff_s * 2**attempt``, at most 10 s); after ``retries`` retries the client raises
+:class:`RetrieverUnavailable` naming the URL. A 4xx answer is the caller's mistake and is raised at
+once as :class:`RetrieverRequestError` with the server's message. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import List, Optional
+
+from mopd.retriever.passage import Passage
+
+
+class RetrieverUnavailable(RuntimeError):
+    """The retrieval server could not be reached (or kept failing) after all retries."""
+
+
+class RetrieverRequestError(ValueError):
+    """The server rejected a request as malformed (HTTP 4xx)."""
+
+
+class _Retryable(Exception):
+    pass
+
+
+class HttpRetriever:
+    def __init__(self, url: str = "http://127.0.0.1:8000", timeout_s: float = 30.0, retries: int = 5,
+                 backoff_s: float = 0.5, max_queries_per_request: int = 512):
+        self.url = url.rstrip("/")
+        if self.url.endswith("/retrieve"):
+            self.url = self.url[: -len("/retrieve")]
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.max_queries_per_request = max_queries_per_request
+
+    def __repr__(self) -> str:
+        return f"HttpRetriever({self.url!r})"
+
+    def _call(self, path: str, payload: Optional[dict] = None) -> dict:
+        url = self.url + path
+        data = None if payload is None else json.dumps(payload).encode()
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(10.0, self.backoff_s * 2 ** (attempt - 1)))
+            req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                         method="GET" if data is None else "POST")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as e:
+                body = e.read().decode(errors="replace")[:500]
+                if e.code >= 500 or e.code == 429:
+                    last = f"HTTP {e.code}: {body}"
+                    continue
+                raise RetrieverRequestError(f"{url} rejected the request (HTTP {e.code}): {body}") from None
+            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as e:
+                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            except json.JSONDecodeError as e:
+                last = f"the answer is not JSON ({e.msg})"
+        raise RetrieverUnavailable(f"retrieval server {url} unavailable after {self.retries + 1} attempts "
+                                   f"(timeout {self.timeout_s:g} s each): {last}. Is `mopd retriever serve` "
+                                   "running at that address?")
+
+    def health(self) -> dict:
+        return self._call("/health")
+
+    def search(self, queries: List[str], k: int) -> List[List[Passage]]:
+        out: List[List[Passage]] = []
+        step = self.max_queries_per_request
+        for s in range(0, len(queries), step):
+            part = list(queries[s:s + step])
+            answer = self._call("/retrieve", {"queries": part, "topk": k, "return_scores": True})
+            result = answer.get("result") if isinstance(answer, dict) else None
+            if not isinstance(result, list) or len(result) != len(part):
+                raise RetrieverUnavailable(f"{self.url}/retrieve answered without one result list per query")
+            out.extend(parse_result(r) for r in result)
+        return out
+
+
+def parse_result(items: list) -> List[Passage]:
+    """One query's result, with scores (``{"document", "score"}``) or bare documents."""
+    out = []
+    for it in items:
+        doc, score = (it["document"], it.get("score", 0.0)) if "document" in it else (it, 0.0)
+        contents = doc.get("contents")
+        if contents is None:  # corpora stored as separate title / text fields
+            contents = f"{doc.get('title', '')}\n{doc.get('text', '')}"
+        out.append(Passage.from_contents(doc.get("id", ""), contents, score))
+    return out

@@ -1,0 +1,131 @@
+"""An index directory: its metadata, the compatibility checks, and opening it as a search object.
+
+Layout of ``DIR`` (written by :func:`mopd.retriever.builder.build_index`)::
+
+    meta.json              kind, encoder, dim, corpus path + fingerprint, passage count (written last)
+    index.faiss            flat / ivf / hnsw           vectors.npy   torch (float32 [N, D])
+    bm25/                  bm25                        *.offsets.npy row offsets of the corpus
+    build/                 encoded chunks while a build runs (removed when it completes)
+
+Every index object answers ``search(vectors_or_texts, k) -> (ids int64 [Q, k], scores float32
+[Q, k])`` best first; ``needs_text`` says whether it takes query texts (BM25) or vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional, Protocol, Sequence, Tuple, Union
+
+import numpy as np
+
+META_FILE = "meta.json"
+FORMAT_VERSION = 1
+DENSE_KINDS = ("flat", "ivf", "hnsw", "torch")
+INDEX_KINDS = DENSE_KINDS + ("bm25",)
+
+
+class IndexDirError(ValueError):
+    """A missing or unreadable index directory, or a bad index kind."""
+
+
+class IndexMismatch(ValueError):
+    """An index used with a query encoder or a corpus other than the ones it was built from."""
+
+
+class SearchIndex(Protocol):
+    kind: str
+    needs_text: bool
+
+    def search(self, queries: Union[np.ndarray, Sequence[str]], k: int) -> Tuple[np.ndarray, np.ndarray]: ...
+
+    def __len__(self) -> int: ...
+
+
+@dataclass
+class IndexMeta:
+    kind: str
+    encoder: str
+    """Query encoder name ('' for bm25)."""
+    dim: int
+    corpus_path: str
+    corpus_fingerprint: str
+    num_passages: int
+    encoder_path: str = ""
+    """Explicit weights directory used at build time ('' = the encoder's default location)."""
+    index_file: str = ""
+    """A FAISS file outside the directory (an imported Search-R1/FlashRAG index); '' = DIR/index.faiss."""
+    created: str = ""
+    format_version: int = FORMAT_VERSION
+
+    def describe(self) -> str:
+        enc = f"encoder {self.encoder} (dim {self.dim})" if self.encoder else "BM25"
+        return f"{self.kind} index, {enc}, {self.num_passages} passages of {self.corpus_path}"
+
+
+def check_kind(kind: str) -> None:
+    if kind not in INDEX_KINDS:
+        raise IndexDirError(f"unknown index kind {kind!r}; choose one of {list(INDEX_KINDS)}")
+
+
+def write_meta(index_dir: Path, meta: IndexMeta) -> None:
+    meta.created = meta.created or time.strftime("%Y-%m-%dT%H:%M:%S")
+    tmp = Path(index_dir) / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    os.replace(tmp, Path(index_dir) / META_FILE)
+
+
+def read_meta(index_dir: Path) -> IndexMeta:
+    p = Path(index_dir) / META_FILE
+    if not p.is_file():
+        hint = " (a build was interrupted: run the same build-index command again to resume)" \
+            if (Path(index_dir) / "build").is_dir() else ""
+        raise IndexDirError(f"{index_dir} is not a finished index directory: no {META_FILE}{hint}; build one "
+                          "with `mopd retriever build-index` or `mopd retriever import-index`")
+    try:
+        raw = json.loads(p.read_text())
+        known = {f.name for f in fields(IndexMeta)}
+        return IndexMeta(**{k: v for k, v in raw.items() if k in known})
+    except (json.JSONDecodeError, TypeError) as e:
+        raise IndexDirError(f"{p} is not valid index metadata: {e}") from None
+
+
+def check_compatible(meta: IndexMeta, index_dir, encoder: Optional[str] = None,
+                     corpus_fingerprint: Optional[str] = None, corpus_path: Optional[str] = None) -> None:
+    """Raise :class:`IndexMismatch` naming what differs: the query encoder or the corpus."""
+    if encoder is not None and meta.kind != "bm25" and encoder != meta.encoder:
+        raise IndexMismatch(f"query encoder mismatch: the index at {index_dir} was built with encoder "
+                            f"{meta.encoder!r} (dim {meta.dim}), but queries would be encoded with {encoder!r}; "
+                            f"use --encoder {meta.encoder} or rebuild the index")
+    if corpus_fingerprint is not None and corpus_fingerprint != meta.corpus_fingerprint:
+        raise IndexMismatch(f"corpus mismatch: the index at {index_dir} was built from {meta.corpus_path} "
+                            f"(fingerprint {meta.corpus_fingerprint}), but the corpus {corpus_path or '?'} has "
+                            f"fingerprint {corpus_fingerprint}; its rows would not match the index's vectors")
+
+
+def open_index(index_dir: Path, meta: IndexMeta, kind: Optional[str] = None, device: Optional[str] = None,
+               faiss_gpu: bool = False) -> SearchIndex:
+    """Open the search structure of ``index_dir``. ``kind='torch'`` may also open a flat FAISS file
+    (its vectors are read out and searched with torch, e.g. on a GPU without faiss-gpu)."""
+    kind = kind or meta.kind
+    check_kind(kind)
+    if kind == "bm25" or meta.kind == "bm25":
+        if kind != meta.kind:
+            raise IndexDirError(f"{index_dir} holds a {meta.kind} index; it cannot be searched as {kind}")
+        from mopd.retriever.index_bm25 import BM25Index
+
+        return BM25Index.load(index_dir)
+    if kind == "torch":
+        if meta.kind not in ("torch", "flat"):
+            raise IndexDirError(f"the torch index needs raw vectors (a torch or flat index); {index_dir} is {meta.kind}")
+        from mopd.retriever.index_torch import TorchIndex
+
+        return TorchIndex.load(index_dir, device=device, index_file=meta.index_file or None)
+    if kind != meta.kind:
+        raise IndexDirError(f"{index_dir} holds a {meta.kind} index; it cannot be searched as {kind}")
+    from mopd.retriever.index_faiss import FaissIndex
+
+    return FaissIndex.load(index_dir, kind=kind, gpu=faiss_gpu, index_file=meta.index_file or None)

@@ -1,0 +1,70 @@
+"""The in-process retriever: an index directory, its corpus and its query encoder in this process.
+
+One :meth:`LocalRetriever.search_rows` call encodes all queries in one batch and searches them in
+one index call; the HTTP server's micro-batcher relies on that to serve many clients per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mopd.retriever.corpus import Corpus
+from mopd.retriever.index_store import IndexMeta, check_compatible, open_index, read_meta
+from mopd.retriever.passage import Passage
+
+
+class LocalRetriever:
+    """``search(queries, k) -> list[list[Passage]]`` over an index directory.
+
+    ``encoder`` / ``corpus_path``: the query encoder and corpus the caller means to use; each is
+    checked against the index's metadata and a difference is an :class:`IndexMismatch` naming it.
+    ``kind="torch"`` searches a flat FAISS index's vectors with torch (e.g. on a GPU without
+    faiss-gpu); ``faiss_gpu`` moves a flat or IVF index to all GPUs (fp16, sharded)."""
+
+    def __init__(self, index_dir, encoder: Optional[str] = None, corpus_path: Optional[str] = None,
+                 encoder_path: Optional[str] = None, device: Optional[str] = None, kind: Optional[str] = None,
+                 faiss_gpu: bool = False, batch_size: int = 64):
+        self.index_dir = Path(index_dir)
+        self.meta: IndexMeta = read_meta(self.index_dir)
+        check_compatible(self.meta, self.index_dir, encoder=encoder)
+        self.corpus = Corpus(corpus_path or self.meta.corpus_path, cache_dir=self.index_dir)
+        check_compatible(self.meta, self.index_dir, corpus_fingerprint=self.corpus.fingerprint,
+                         corpus_path=str(self.corpus.path))
+        self.index = open_index(self.index_dir, self.meta, kind=kind, device=device, faiss_gpu=faiss_gpu)
+        self.encoder = None
+        if not self.index.needs_text:
+            from mopd.retriever.encoders import load_encoder
+
+            self.encoder = load_encoder(self.meta.encoder, encoder_path or self.meta.encoder_path or None,
+                                        device, batch_size)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def kind(self) -> str:
+        return self.index.kind
+
+    def search_rows(self, queries: Sequence[str], k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Row ids [Q, k'] and scores [Q, k'] (k' = min(k, corpus size)) for all queries at once."""
+        if not len(queries):
+            return np.zeros((0, 0), np.int64), np.zeros((0, 0), np.float32)
+        with self._lock:
+            if self.encoder is None:
+                return self.index.search(list(queries), k)
+            return self.index.search(self.encoder.encode_queries(list(queries)), k)
+
+    def passages(self, ids: np.ndarray, scores: np.ndarray) -> List[List[Passage]]:
+        """Look up the rows of a search result (ids < 0, FAISS's 'no result', are dropped)."""
+        return [[self.corpus.passage(int(i), float(s)) for i, s in zip(row_i, row_s) if i >= 0]
+                for row_i, row_s in zip(ids, scores)]
+
+    def search(self, queries: List[str], k: int) -> List[List[Passage]]:
+        if k < 1:
+            raise ValueError(f"k={k} must be >= 1")
+        return self.passages(*self.search_rows(queries, k))
