@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "mopd.config_commands",
     "mopd.data.commands",
     "mopd.eval.score_commands",
+    "mopd.eval.commands",
 ]
 
 

@@ -11,7 +11,7 @@ its method against each baseline; the Table 7 bound is ``a_ref - (a_B + f_B)``.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -180,24 +180,3 @@ def _format(runs: AlignedRuns, out, point_m, iv, ref: int, names) -> Dict[str, d
             "upper_bound": bound,
         }
     return res
-
-
-def load_runs(paths: Sequence[str], names: Optional[List[str]] = None) -> Dict[str, List[WorkflowRecord]]:
-    """Read each run (a directory with ``records.jsonl``, or a ``.jsonl`` file) under its name."""
-    from pathlib import Path
-
-    from mopd.rollout.records import read_records
-
-    if names is not None and len(names) != len(paths):
-        raise EvalError(f"{len(paths)} runs but {len(names)} names; give one name per run")
-    out: Dict[str, List[WorkflowRecord]] = {}
-    for i, p in enumerate(paths):
-        path = Path(p)
-        file = path / "records.jsonl" if path.is_dir() else path
-        if not file.is_file():
-            raise EvalError(f"{p}: no records file (expected a run directory with records.jsonl or a .jsonl file)")
-        name = names[i] if names else (path.name if path.is_dir() else path.stem)
-        if name in out:
-            raise EvalError(f"two runs are named {name!r}; give distinct names with --names")
-        out[name] = read_records(file)
-    return out

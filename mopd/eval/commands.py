@@ -1,0 +1,134 @@
+"""`mopd eval run` (K-attempt evaluation runs) and `mopd eval report` (metrics, intervals, report)."""
+
+from __future__ import annotations
+
+from mopd.cli import add_overrides_argument
+
+
+def register(sub) -> None:
+    from mopd.config import EvalConfig
+
+    defaults = EvalConfig()
+    p = sub.add_parser("eval", help="evaluate checkpoints (K attempts per question) and report metrics")
+    esub = p.add_subparsers(dest="eval_command", metavar="ACTION")
+
+    run = esub.add_parser(
+        "run", help="run K independent workflows per question and record them (resumable)",
+        description="One Answerer candidate per request, temperature 0.6, top-p 0.95, 8192/512 token limits "
+                    "(the eval.* and rollout.* config keys); records go to OUT/records.jsonl. A killed run "
+                    "continues with the questions it has not finished when started again with the same OUT.")
+    run.add_argument("--model", required=True, help="model directory (Hugging Face format)")
+    run.add_argument("--workflow", required=True, choices=["cmas", "hmas"], help="cascade or hierarchy")
+    run.add_argument("--manifest", required=True, help="test questions (FlashRAG .jsonl or Search-R1 .parquet)")
+    run.add_argument("--attempts", type=int, default=None,
+                     help=f"independent workflows per question (default eval.attempts = {defaults.attempts})")
+    run.add_argument("--out", required=True, help="run directory (records.jsonl, run.json)")
+    run.add_argument("--method", default="", help="name stored in the records (default: the model directory name)")
+    run.add_argument("--preset", default=None, help="config preset whose rollout settings to use")
+    run.add_argument("--file", dest="yaml_file", default=None, help="YAML config applied on top of the preset")
+    run.add_argument("--limit", type=int, default=None, help="only the first N questions of the manifest")
+    run.add_argument("--chunk", type=int, default=32, help="questions per rollout batch (records saved after each)")
+    add_overrides_argument(run)
+    run.set_defaults(func=_run)
+
+    rep = esub.add_parser(
+        "report", help="metrics with paired bootstrap intervals, costs and diagnostics of one or more runs",
+        description="Per dataset and macro avg@K, pass@K, K/K and the n_i distribution (strict and flexible "
+                    "EM), paired question-bootstrap intervals and differences against a reference, costs, "
+                    "format and collapse diagnostics. Writes report.md, metrics.json and PNG plots.")
+    rep.add_argument("runs", nargs="+", metavar="RUN", help="run directories (with records.jsonl) or .jsonl files")
+    rep.add_argument("--names", nargs="+", default=None, help="one display name per run (default: directory names)")
+    rep.add_argument("--reference", default=None, help="system the differences are taken against (default: first)")
+    rep.add_argument("--out", default="eval_report", help="output directory (default: ./eval_report)")
+    rep.add_argument("--draws", type=int, default=defaults.bootstrap_draws, help="bootstrap draws")
+    rep.add_argument("--seed", type=int, default=defaults.bootstrap_seed, help="bootstrap seed")
+    rep.add_argument("--intersect", action="store_true",
+                     help="compare on the questions all runs share (what is left out is reported) "
+                          "instead of stopping at the first missing one")
+    rep.add_argument("--collapse", nargs="+", default=None, metavar="STEP=RUN",
+                     help="checkpoint records for the search-collapse table, e.g. 300=runs/step300")
+    rep.add_argument("--val-log", nargs="+", default=(), metavar="METRICS_JSONL",
+                     help="trainer metrics.jsonl files to plot validation curves from")
+    rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    rep.add_argument("--title", default="Evaluation report")
+    rep.set_defaults(func=_report)
+
+
+def _run(args) -> int:
+    from pathlib import Path
+
+    from mopd.cli import UserError
+    from mopd.config import resolve
+    from mopd.data.qa import DataError, load_questions
+    from mopd.eval.alignment import EvalError
+    from mopd.eval.runner import run_evaluation
+
+    cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    attempts = args.attempts if args.attempts is not None else cfg.eval.attempts
+    if attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    try:
+        questions, _ = load_questions(args.manifest, skip_malformed=cfg.data.skip_malformed)
+    except DataError as e:
+        raise UserError(str(e)) from None
+    if args.limit is not None:
+        questions = questions[:args.limit]
+    if not questions:
+        raise UserError(f"{args.manifest} has no questions")
+    if not Path(args.model).is_dir():
+        raise UserError(f"--model {args.model}: no such model directory")
+    try:
+        from mopd.rollout.scheduler import run_workflows
+    except ImportError as e:
+        raise UserError(f"the rollout scheduler is not available ({e})") from None
+    from mopd.retriever import load_retriever
+    from mopd.rollout.engine import build_engine
+
+    engine = build_engine(cfg.rollout, args.model, dtype=cfg.model.dtype)
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    retriever = load_retriever(cfg.retriever)
+    method = args.method or Path(args.model).resolve().name
+    try:
+        path = run_evaluation(engine, retriever, tokenizer, questions, args.workflow, attempts, cfg, args.out,
+                              method=method, chunk_questions=args.chunk, run_fn=run_workflows, progress=True,
+                              run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
+                              log=print)
+    except EvalError as e:
+        raise UserError(str(e)) from None
+    print(f"records: {path}")
+    return 0
+
+
+def _parse_collapse(items):
+    from mopd.cli import UserError
+
+    out = {}
+    for it in items or ():
+        step, sep, path = it.partition("=")
+        if not sep or not step.strip().lstrip("-").isdigit() or not path:
+            raise UserError(f"--collapse {it!r}: expected STEP=RUN, e.g. 300=runs/step300")
+        out[int(step)] = path
+    return out
+
+
+def _report(args) -> int:
+    from mopd.cli import UserError
+    from mopd.eval.alignment import EvalError
+    from mopd.eval.report import report_runs
+
+    if args.draws < 1:
+        raise UserError("--draws must be >= 1")
+    collapse = _parse_collapse(args.collapse)
+    try:
+        path = report_runs(args.runs, args.out, names=args.names, reference=args.reference, draws=args.draws,
+                           seed=args.seed, intersect=args.intersect, collapse_runs=collapse,
+                           validation_logs=args.val_log, make_plots=not args.no_plots, title=args.title)
+    except (EvalError, ValueError) as e:
+        raise UserError(str(e)) from None
+    print(f"report: {path}")
+    print(f"metrics: {path.parent / 'metrics.json'}")
+    return 0

@@ -1,0 +1,142 @@
+"""The evaluation report: ``metrics.json`` (every number), ``report.md`` (tables laid out like the
+paper's) and PNG plots, from the records of one or more runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from mopd.eval import plots, tables
+from mopd.eval.alignment import EvalError
+from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED
+from mopd.eval.collapse import collapse_table
+from mopd.eval.summary import summarize
+from mopd.rollout.records import WorkflowRecord, read_records
+
+RECORDS_FILE = "records.jsonl"
+
+
+def records_file(path: str | os.PathLike) -> Path:
+    """A run directory's ``records.jsonl``, or the path itself when it is a file."""
+    p = Path(path)
+    f = p / RECORDS_FILE if p.is_dir() else p
+    if not f.is_file():
+        raise EvalError(f"{path}: no records (expected a run directory with {RECORDS_FILE} or a .jsonl file)")
+    return f
+
+
+def load_runs(paths: Sequence[str | os.PathLike], names: Optional[Sequence[str]] = None
+              ) -> Dict[str, List[WorkflowRecord]]:
+    """Read each run under its name (default: the directory name, or the file stem)."""
+    if names and len(names) != len(paths):
+        raise EvalError(f"{len(paths)} runs but {len(names)} names; give one name per run")
+    out: Dict[str, List[WorkflowRecord]] = {}
+    for i, p in enumerate(paths):
+        path = Path(p)
+        name = names[i] if names else (path.name if path.is_dir() else path.stem)
+        if name in out:
+            raise EvalError(f"two runs are named {name!r}; give distinct names (--names)")
+        out[name] = read_records(records_file(path))
+    return out
+
+
+def write_report(summary: dict, out_dir: str | os.PathLike, *, collapse_rows: Optional[List[dict]] = None,
+                 validation_logs: Sequence[str | os.PathLike] = (), validation_labels: Optional[Sequence[str]] = None,
+                 make_plots: bool = True, title: str = "Evaluation report") -> Path:
+    """Write metrics.json, report.md and the plots into ``out_dir``; returns the report's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures: Dict[str, str] = {}
+    if make_plots:
+        figures["per_dataset"] = plots.per_dataset_plot(summary, out / "per_dataset.png").name
+        figures["cost_accuracy"] = plots.cost_accuracy_plot(summary, out / "cost_accuracy.png").name
+        if validation_logs:
+            figures["validation"] = plots.validation_curve_plot(validation_logs, out / "validation.png",
+                                                                labels=validation_labels).name
+    full = dict(summary)
+    if collapse_rows is not None:
+        full["collapse"] = collapse_rows
+    full["figures"] = figures
+    _write_json(out / "metrics.json", full)
+    path = out / "report.md"
+    path.write_text(render_markdown(full, title), encoding="utf-8")
+    return path
+
+
+def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
+    p = summary["protocol"]
+    k, ref = p["attempts"], p["reference"]
+    names = summary["metric_names"]
+    ds = ", ".join(f"{d} ({v['questions']})" for d, v in summary["datasets"].items())
+    figs = summary.get("figures", {})
+    parts = [
+        f"# {title}",
+        "",
+        f"Systems: {', '.join(summary['systems'])}; reference: **{ref}**. Datasets (questions): {ds}. "
+        f"{k} attempts per question. Scores are normalised exact match of the last `<answer>` tag of the "
+        "final Answerer output (strict) unless marked flexible; all values in %, datasets weighted equally "
+        f"(macro). Intervals: 2.5th-97.5th percentiles of {p['bootstrap_draws']:,} paired question-bootstrap "
+        f"draws (seed {p['bootstrap_seed']}); differences are {ref} minus the system.",
+    ]
+    if p.get("dropped_records"):
+        parts.append(f"\nRestricted to the questions all systems share; records left out: {p['dropped_records']}.")
+    parts += ["", "## Main results (strict EM, macro)", "", tables.main_table(summary)]
+    if len(summary["systems"]) > 1:
+        parts += ["", f"### Paired differences against {ref}", "", tables.difference_table(summary)]
+    parts += ["", "### Strict and flexible EM", "", tables.side_by_side_table(summary),
+              "", f"### Distribution of n_i (correct attempts out of {k}, macro)", "", tables.n_correct_table(summary),
+              "", "## Per-dataset results (strict EM)", ""]
+    for kind in ("avg", "pass", "all"):
+        parts += [f"**{names[kind]}**", "", tables.per_dataset_table(summary, names[kind]), ""]
+    parts += [f"**{names['avg']} with 95% intervals**", "",
+              tables.per_dataset_table(summary, names["avg"], intervals=True), ""]
+    if "per_dataset" in figs:
+        parts += [f"![{names['avg']} per dataset]({figs['per_dataset']})", ""]
+    parts += ["## Cost (per workflow; attempts, then questions, then datasets averaged)", "",
+              tables.cost_table(summary), "",
+              "Task assignments are Leader subtasks; a cascade (C-MAS) has no Leader, shown as n/a "
+              "(0 in metrics.json with `task_assignments_applicable: false`). Token counts include repeated "
+              "history across turns.", ""]
+    if len(summary["systems"]) > 1:
+        parts += [tables.relative_cost_table(summary), ""]
+    parts += ["Pooled over all workflows (no weighting):", "", tables.pooled_cost_table(summary), ""]
+    if "cost_accuracy" in figs:
+        parts += [f"![accuracy against cost]({figs['cost_accuracy']})", ""]
+    parts += ["## Format diagnostics", "", "### Flexible extraction (main scoring unchanged)", "",
+              tables.flexible_table(summary), "", "### Failure taxonomy of the final candidate",
+              "", "count (pooled % / macro %)", "", tables.failure_table(summary), ""]
+    if len(summary["systems"]) > 1:
+        parts += [f"### Upper bound from format repair (against {ref})", "",
+                  f"If every format failure of system B were correct, its {names['avg']} would be a_B + f_B; "
+                  "a positive bound means the reference stays ahead even then (an assumed repair, "
+                  "not a measured one).", "", tables.bound_table(summary), ""]
+    if summary.get("collapse"):
+        parts += ["## Search collapse over checkpoints (pooled over workflows)", "",
+                  tables.collapse_markdown(summary["collapse"]), ""]
+    if "validation" in figs:
+        parts += ["## Validation curves", "", f"![validation curves]({figs['validation']})", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
+                names: Optional[Sequence[str]] = None, reference: Optional[str] = None,
+                draws: int = DEFAULT_DRAWS, seed: int = DEFAULT_SEED, intersect: bool = False,
+                collapse_runs: Optional[Mapping[int, str | os.PathLike]] = None,
+                validation_logs: Sequence[str | os.PathLike] = (), make_plots: bool = True,
+                title: str = "Evaluation report") -> Path:
+    """Everything ``mopd eval report`` does: read the runs, summarise, write the report."""
+    runs = load_runs(run_paths, names)
+    summary = summarize(runs, reference=reference, draws=draws, seed=seed, intersect=intersect)
+    rows = None
+    if collapse_runs:
+        rows = collapse_table({int(step): read_records(records_file(p)) for step, p in collapse_runs.items()})
+    return write_report(summary, out_dir, collapse_rows=rows, validation_logs=validation_logs,
+                        make_plots=make_plots, title=title)
