@@ -17,7 +17,9 @@ COMMAND_MODULES = [
     "mopd.config_commands",
     "mopd.data.commands",
     "mopd.eval.score_commands",
+    "mopd.train.commands",
     "mopd.eval.commands",
+    "mopd.retriever.commands",
 ]
 
 

@@ -1,0 +1,133 @@
+"""`mopd retriever ...`: build-index, import-index, serve, search."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("retriever", help="build retrieval indexes, serve them over HTTP, search them")
+    rsub = p.add_subparsers(dest="retriever_command", metavar="ACTION")
+
+    b = rsub.add_parser("build-index", help="encode a FlashRAG/Search-R1 jsonl corpus into an index directory "
+                                            "(resumable: rerun the same command after an interruption)")
+    b.add_argument("--corpus", default=None, help="corpus jsonl ({id, contents: 'title\\ntext'}); default: bundled")
+    b.add_argument("--encoder", default="minilm", choices=["minilm", "e5"],
+                   help="minilm (bundled, offline) or e5 (intfloat/e5-base-v2); ignored for bm25")
+    b.add_argument("--encoder-path", default=None, help="local directory of the encoder's weights")
+    b.add_argument("--index-kind", default="flat", choices=["flat", "ivf", "hnsw", "torch", "bm25"])
+    b.add_argument("--out", required=True, help="index directory to create (or resume)")
+    b.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
+    b.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    b.add_argument("--chunk-size", type=int, default=8192, help="passages per on-disk chunk (resume granularity)")
+    b.add_argument("--max-passages", type=int, default=None, help="index only the first N passages")
+    b.add_argument("--overwrite", action="store_true", help="replace a different index or build in --out")
+    b.set_defaults(func=_build)
+
+    im = rsub.add_parser("import-index", help="adopt an existing FlashRAG/Search-R1 FAISS index (e.g. wiki-18 "
+                                              "e5_Flat.index) without copying it")
+    im.add_argument("--corpus", required=True, help="the corpus jsonl the index was built from (wiki-18.jsonl)")
+    im.add_argument("--faiss-index", required=True, help="the FAISS file (e5_Flat.index)")
+    im.add_argument("--encoder", default="e5", choices=["minilm", "e5"])
+    im.add_argument("--encoder-path", default=None, help="local directory of the encoder's weights")
+    im.add_argument("--out", required=True, help="index directory to create (holds metadata and row offsets)")
+    im.set_defaults(func=_import)
+
+    s = rsub.add_parser("serve", help="serve an index with Search-R1's HTTP API (POST /retrieve, GET /health)")
+    s.add_argument("--index", default=None, help="index directory (default: the bundled corpus's MiniLM index)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    _search_options(s)
+    s.add_argument("--topk", type=int, default=3, help="topk when a request gives none")
+    s.add_argument("--max-topk", type=int, default=100)
+    s.add_argument("--max-queries", type=int, default=1024, help="queries allowed in one request")
+    s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body accepted")
+    s.add_argument("--max-wait-ms", type=float, default=2.0, help="micro-batching: longest wait for more requests")
+    s.add_argument("--max-batch", type=int, default=512, help="micro-batching: most queries per batch")
+    s.add_argument("--no-batching", action="store_true", help="one encoder + index call per request")
+    s.set_defaults(func=_serve)
+
+    q = rsub.add_parser("search", help="search an index (or a server with --url) and print the passages")
+    q.add_argument("queries", nargs="+")
+    q.add_argument("--index", default=None, help="index directory (default: the bundled corpus's MiniLM index)")
+    q.add_argument("--url", default=None, help="search a running server instead of an index directory")
+    q.add_argument("-k", "--topk", type=int, default=3)
+    _search_options(q)
+    q.set_defaults(func=_search)
+
+
+def _search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", default=None, help="corpus path, when it moved since the index was built")
+    p.add_argument("--encoder", default=None, help="query encoder; must be the index's (checked)")
+    p.add_argument("--encoder-path", default=None, help="local directory of the encoder's weights")
+    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda when available)")
+    p.add_argument("--search-kind", default=None, choices=["torch"],
+                   help="torch: search a flat index's vectors with torch (GPU without faiss-gpu)")
+    p.add_argument("--faiss-gpu", action="store_true", help="move a flat/IVF index to all GPUs (faiss-gpu, fp16)")
+
+
+def _user_errors():
+    from mopd.retriever import CorpusError, EncoderUnavailable, IndexDirError, IndexMismatch, RetrieverUnavailable
+
+    return (CorpusError, EncoderUnavailable, IndexDirError, IndexMismatch, RetrieverUnavailable)
+
+
+def _run(fn):
+    from mopd.cli import UserError
+
+    try:
+        return fn()
+    except _user_errors() as e:
+        raise UserError(str(e)) from None
+
+
+def _open(args):
+    from mopd.retriever import bundled_index, open_retriever
+
+    return open_retriever(args.index or bundled_index(progress=True), encoder=args.encoder,
+                          corpus_path=args.corpus, encoder_path=args.encoder_path, device=args.device,
+                          kind=args.search_kind, faiss_gpu=args.faiss_gpu)
+
+
+def _build(args) -> int:
+    from mopd.retriever import build_index, bundled_corpus_path
+
+    _run(lambda: build_index(args.corpus or bundled_corpus_path(), args.out, encoder=args.encoder,
+                             index_kind=args.index_kind, encoder_path=args.encoder_path, device=args.device,
+                             chunk_size=args.chunk_size, batch_size=args.batch_size,
+                             max_passages=args.max_passages, progress=True, overwrite=args.overwrite))
+    return 0
+
+
+def _import(args) -> int:
+    from mopd.retriever.importer import import_index
+
+    out = _run(lambda: import_index(args.corpus, args.faiss_index, args.out, encoder=args.encoder,
+                                    encoder_path=args.encoder_path, progress=True))
+    print(f"imported: serve it with `mopd retriever serve --index {out}`")
+    return 0
+
+
+def _serve(args) -> int:
+    from mopd.retriever.server import ServerLimits, serve
+
+    retriever = _run(lambda: _open(args))
+    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
+                          max_body_bytes=int(args.max_body_mb * (1 << 20)))
+    serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,
+          max_batch_queries=args.max_batch, batching=not args.no_batching)
+    return 0
+
+
+def _search(args) -> int:
+    from mopd.retriever import HttpRetriever, format_passages
+
+    def go():
+        r = HttpRetriever(args.url, retries=1) if args.url else _open(args)
+        return r.search(args.queries, args.topk)
+
+    for q, passages in zip(args.queries, _run(go)):
+        print(f"# {q}")
+        print(format_passages(passages))
+        print("  scores: " + ", ".join(f"{p.score:.4f}" for p in passages))
+    return 0

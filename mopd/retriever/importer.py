@@ -1,0 +1,62 @@
+"""Adopt an existing FlashRAG / Search-R1 index (e.g. wiki-18's ``e5_Flat.index``) without copying it.
+
+The new index directory holds only ``meta.json`` (pointing at the FAISS file by absolute path) and
+the corpus's row-offset table; the 65 GB index and the 14 GB corpus stay where they are. Row i of
+the FAISS index is line i of the corpus jsonl, as both projects build them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from mopd.retriever.corpus import Corpus
+from mopd.retriever.index_store import IndexDirError, IndexMeta, IndexMismatch, write_meta
+
+
+def faiss_kind(index) -> str:
+    import faiss
+
+    if isinstance(index, faiss.IndexFlat):
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise IndexDirError("the FAISS index uses L2 distance; E5/MiniLM indexes use inner product")
+        return "flat"
+    if faiss.try_extract_index_ivf(index) is not None:
+        return "ivf"
+    if isinstance(index, faiss.IndexHNSW):
+        return "hnsw"
+    raise IndexDirError(f"unsupported FAISS index type {type(index).__name__}; flat, IVF and HNSW are supported")
+
+
+def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder_path: Optional[str] = None,
+                 progress: bool = False) -> Path:
+    import faiss
+
+    from mopd.retriever.encoders import ENCODERS
+
+    if encoder not in ENCODERS:
+        raise IndexDirError(f"unknown encoder {encoder!r}; choose one of {sorted(ENCODERS)}")
+    fpath = Path(faiss_index).expanduser().resolve()
+    if not fpath.is_file():
+        raise IndexDirError(f"FAISS index file {fpath} does not exist")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if progress:
+        print(f"reading {fpath} (memory-mapped) ...", flush=True)
+    index = faiss.read_index(str(fpath), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    kind = faiss_kind(faiss.downcast_index(index))
+    if index.d != ENCODERS[encoder].dim:
+        raise IndexMismatch(f"query encoder mismatch: {fpath} holds {index.d}-dimensional vectors, but "
+                            f"encoder {encoder!r} makes {ENCODERS[encoder].dim}-dimensional ones")
+    if progress:
+        print(f"indexing the rows of {corpus_path} (one pass over the file) ...", flush=True)
+    corpus = Corpus(corpus_path, cache_dir=out)
+    if len(corpus) != index.ntotal:
+        raise IndexDirError(f"{fpath} holds {index.ntotal} vectors but {corpus.path} has {len(corpus)} rows; "
+                            "they must come from the same build")
+    write_meta(out, IndexMeta(kind=kind, encoder=encoder, dim=index.d, corpus_path=str(corpus.path.resolve()),
+                              corpus_fingerprint=corpus.fingerprint, num_passages=len(corpus),
+                              encoder_path=str(Path(encoder_path).resolve()) if encoder_path else "",
+                              index_file=str(fpath)))
+    return out
+

@@ -1,0 +1,123 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from mopd.config import RetrieverConfig
+from mopd.retriever import (HttpRetriever, IndexDirError, IndexMismatch, build_index, load_retriever,
+                            open_retriever)
+from mopd.retriever.encoders import Encoder
+from mopd.retriever.index_faiss import flat_vectors
+from .conftest import N_SMALL
+
+PROBES = [0, 1, 39, 40, 41, 77, 150, N_SMALL - 1]
+
+
+@pytest.mark.parametrize("kind", ["flat", "torch", "bm25"])
+def test_known_item_retrieval_at_rank_1(built, bundled_rows, kind):
+    r = open_retriever(built(kind))
+    assert len(r) == N_SMALL
+    queries = [bundled_rows[i]["contents"] for i in PROBES]
+    results = r.search(queries, 3)
+    assert [res[0].id for res in results] == [bundled_rows[i]["id"] for i in PROBES]
+    for res in results:
+        assert len(res) == 3 and res[0].score >= res[1].score >= res[2].score
+    # the text alone (without its title) finds the passage too
+    text_only = r.search([bundled_rows[i]["contents"].split("\n", 1)[1] for i in PROBES], 1)
+    assert [res[0].id for res in text_only] == [bundled_rows[i]["id"] for i in PROBES]
+
+
+def test_flat_and_torch_give_the_same_ranking(built, bundled_rows):
+    qs = ["harbour town with copper market", "a poet born in a town", bundled_rows[5]["contents"][:40]]
+    ids_f, s_f = open_retriever(built("flat")).search_rows(qs, 5)
+    ids_t, s_t = open_retriever(built("torch")).search_rows(qs, 5)
+    np.testing.assert_array_equal(ids_f, ids_t)
+    np.testing.assert_allclose(s_f, s_t, atol=1e-5)
+
+
+def test_metadata_and_save_load_roundtrip(built, small_corpus):
+    d = built("flat")
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["kind"] == "flat" and meta["encoder"] == "minilm" and meta["dim"] == 384
+    assert meta["num_passages"] == N_SMALL and len(meta["corpus_fingerprint"]) == 32
+    assert not (d / "build").exists()
+    a, b = open_retriever(d), open_retriever(d)
+    qs = ["island exports of salt", "festival with lanterns"]
+    assert a.search(qs, 4) == b.search(qs, 4)
+    # a finished index is reused, not rebuilt
+    assert build_index(small_corpus, d, encoder="minilm", index_kind="flat") == d
+
+
+def test_encoder_and_corpus_mismatch_errors_say_which(built, small_corpus, tmp_path):
+    d = built("flat")
+    with pytest.raises(IndexMismatch, match="query encoder mismatch.*'minilm'.*'e5'"):
+        open_retriever(d, encoder="e5")
+    other = tmp_path / "other.jsonl"
+    text = small_corpus.read_text()
+    other.write_text(text.replace("harbour town", "harbour city", 1))
+    with pytest.raises(IndexMismatch, match="corpus mismatch.*other.jsonl"):
+        open_retriever(d, corpus_path=str(other))
+    moved = tmp_path / "moved.jsonl"
+    shutil.copy(small_corpus, moved)
+    assert open_retriever(d, corpus_path=str(moved), encoder="minilm").search(["x"], 1)
+
+
+def test_a_different_index_in_the_directory_is_refused(built, small_corpus):
+    d = built("bm25")
+    with pytest.raises(IndexDirError, match="already holds a different index"):
+        build_index(small_corpus, d, index_kind="flat")
+    with pytest.raises(IndexDirError, match="not a finished index"):
+        open_retriever(d / "nothing-here")
+
+
+def test_resume_after_an_interrupted_build(built, small_corpus, tmp_path, monkeypatch):
+    calls = []
+    real = Encoder.encode_passages
+
+    def interrupted(self, texts, **kw):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(len(texts))
+        return real(self, texts, **kw)
+
+    out = tmp_path / "resumed"
+    monkeypatch.setattr(Encoder, "encode_passages", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(small_corpus, out, index_kind="torch", chunk_size=64, max_passages=200)
+    assert calls == [64, 64]
+    assert sorted(p.name for p in (out / "build").glob("chunk_*.npy")) == ["chunk_000000.npy", "chunk_000001.npy"]
+    with pytest.raises(IndexDirError, match="interrupted"):
+        open_retriever(out)
+    with pytest.raises(IndexDirError, match="chunk_size differ"):
+        build_index(small_corpus, out, index_kind="torch", chunk_size=32, max_passages=200)
+
+    resumed = []
+
+    def counting(self, texts, **kw):
+        resumed.append(len(texts))
+        return real(self, texts, **kw)
+
+    monkeypatch.setattr(Encoder, "encode_passages", counting)
+    build_index(small_corpus, out, index_kind="torch", chunk_size=64, max_passages=200)
+    assert resumed == [64, 8]  # only the chunks that were missing
+    vectors = np.load(out / "vectors.npy")
+    reference = flat_vectors(built("flat") / "index.faiss")[:200]
+    np.testing.assert_allclose(vectors, reference, atol=1e-5)
+    assert len(open_retriever(out)) == 200
+
+
+def test_load_retriever_by_config(built):
+    r = load_retriever(RetrieverConfig(kind="inprocess", index=str(built("bm25"))))
+    assert r.search(["copper market"], 2)[0][0].title
+    c = load_retriever(RetrieverConfig(kind="http", url="http://127.0.0.1:9/retrieve", timeout_s=3, retries=2))
+    assert isinstance(c, HttpRetriever) and c.url == "http://127.0.0.1:9" and c.retries == 2
+
+
+@pytest.mark.slow
+def test_default_retriever_is_the_bundled_corpus(bundled_rows):
+    r = load_retriever(RetrieverConfig(kind="inprocess", index=""))
+    assert len(r) == len(bundled_rows) == 2400
+    probes = [0, 999, 2399]
+    got = r.search([bundled_rows[i]["contents"] for i in probes], 3)
+    assert [g[0].id for g in got] == [bundled_rows[i]["id"] for i in probes]
