@@ -117,6 +117,7 @@ class AgentCall:
 class Passage:
     id: str
     text: str
+    title: str = ""
 
 
 @dataclass

@@ -1,0 +1,175 @@
+"""Role prompts and every piece of text the environment shows an agent, with their exact rendering.
+
+One model plays every role; the system prompt selects the role. Rollouts and supervised
+demonstrations must produce identical tokens, so everything an agent reads is built by the
+functions here: the first prompt of each role (``render_*_prompt`` -> token ids through the chat
+template) and the content of each later environment turn (``searcher_feedback``,
+``leader_feedback``), appended with :func:`mopd.rollout.chat.continuation_ids`.
+
+The action grammar (DESIGN §5), as the prompts explain it:
+- Searcher: ``<search>query</search>`` (passages come back in ``<information>``) or
+  ``<report>...</report>`` (ends the Searcher's work).
+- Leader: one or more ``<subtask>...</subtask>`` (a wave of parallel Searchers) or
+  ``<select>i,j</select>`` (hand those reports to the Answerer).
+- Answerer: ``<answer>...</answer>``.
+Every role may think first inside ``<think>...</think>``.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence
+
+from mopd.rollout.chat import render_ids
+
+SEARCHER_SYSTEM = (
+    "You are a Searcher on a question-answering team. You look up evidence with a search engine "
+    "and report what you find.\n"
+    "In each turn you may first think inside <think>...</think>. Then write exactly one action "
+    "and nothing else:\n"
+    "<search>query</search> runs a search; the results come back inside "
+    "<information>...</information>.\n"
+    "<report>...</report> ends your work: state the facts you found that answer your task, with "
+    "the names, dates and places, so that a reader who sees only your report can use them."
+)
+SEARCHER_USER = "Question: {question}"
+"""C-MAS: the Searcher works on the whole question."""
+SEARCHER_SUBTASK_USER = "Your task: {subtask}\nIt is part of the question: {question}"
+"""H-MAS: the Searcher works on one subtask of the question."""
+
+LEADER_SYSTEM = (
+    "You are the Leader of a question-answering team. You cannot search yourself; Searchers "
+    "search for you and write reports.\n"
+    "In each turn you may first think inside <think>...</think>. Then write one kind of action "
+    "and nothing else:\n"
+    "<subtask>...</subtask> gives one Searcher a self-contained search task. Write several to "
+    "run several Searchers in parallel. Their reports come back to you, numbered.\n"
+    "<select>1,3</select> ends the work: the numbers of the reports the Answerer should read "
+    "to answer the question."
+)
+LEADER_USER = "Question: {question}"
+
+ANSWERER_SYSTEM = (
+    "You are the Answerer of a question-answering team. Searchers have looked up evidence and "
+    "written reports. Answer the question from the reports, and from what you know where they "
+    "are silent.\n"
+    "You may first think inside <think>...</think>. Then give the final answer inside "
+    "<answer>...</answer>: only the answer, a short phrase such as a name, a date or a number."
+)
+ANSWERER_USER = "{reports}\n\nQuestion: {question}"
+"""The question comes last: an over-long prompt is cut from the left, dropping early reports first."""
+
+NO_REPORTS = "There are no reports."
+EMPTY_REPORT = "(no report)"
+
+INVALID_SEARCHER = ("That was not a valid action. Write exactly one <search>query</search> or "
+                    "<report>...</report>, and nothing else.")
+INVALID_LEADER = ("That was not a valid action. Write <subtask>...</subtask> tags, or "
+                  "<select>...</select> with the numbers of reports you have received, and nothing else.")
+FORCE_REPORT = "You have no searches left. Write your report now inside <report>...</report>."
+FORCE_SELECT = ("No more Searchers can be sent. Choose the reports for the Answerer now with "
+                "<select>...</select>.")
+
+
+class Report(NamedTuple):
+    """A Searcher's report as the Leader sees it: its number, the subtask, the report text."""
+
+    index: int
+    subtask: str
+    text: str
+
+
+# --------------------------------------------------------------------------------------------
+# Messages (text) and first prompts (token ids)
+# --------------------------------------------------------------------------------------------
+
+
+def _join(*parts: str) -> str:
+    return "\n\n".join(p for p in parts if p)
+
+
+def searcher_messages(question: str, subtask: Optional[str] = None, force_report: bool = False) -> List[dict]:
+    user = (SEARCHER_USER.format(question=question) if subtask is None
+            else SEARCHER_SUBTASK_USER.format(subtask=subtask, question=question))
+    return [{"role": "system", "content": SEARCHER_SYSTEM},
+            {"role": "user", "content": _join(user, FORCE_REPORT if force_report else "")}]
+
+
+def leader_messages(question: str, force_select: bool = False) -> List[dict]:
+    return [{"role": "system", "content": LEADER_SYSTEM},
+            {"role": "user", "content": _join(LEADER_USER.format(question=question),
+                                              FORCE_SELECT if force_select else "")}]
+
+
+def answerer_reports(reports: Sequence[str]) -> str:
+    """The Answerer's view of the selected reports: ``Report 1: ...`` lines, in selection order."""
+    if not reports:
+        return NO_REPORTS
+    return "\n".join(f"Report {i}: {r.strip() or EMPTY_REPORT}" for i, r in enumerate(reports, 1))
+
+
+def answerer_messages(question: str, reports: Sequence[str]) -> List[dict]:
+    return [{"role": "system", "content": ANSWERER_SYSTEM},
+            {"role": "user", "content": ANSWERER_USER.format(reports=answerer_reports(reports), question=question)}]
+
+
+def render_searcher_prompt(tokenizer, question: str, subtask: Optional[str] = None,
+                           force_report: bool = False) -> List[int]:
+    return render_ids(tokenizer, searcher_messages(question, subtask, force_report))
+
+
+def render_leader_prompt(tokenizer, question: str, force_select: bool = False) -> List[int]:
+    return render_ids(tokenizer, leader_messages(question, force_select))
+
+
+def render_answerer_prompt(tokenizer, question: str, reports: Sequence[str]) -> List[int]:
+    return render_ids(tokenizer, answerer_messages(question, reports))
+
+
+# --------------------------------------------------------------------------------------------
+# Environment turns after a model turn (content only; wrap with chat.continuation_ids)
+# --------------------------------------------------------------------------------------------
+
+
+def format_passages(passages) -> str:
+    """Search-R1's layout, ``Doc i(Title: t) text`` one per line (as ``mopd.retriever.format_passages``;
+    kept here too because the prompt's exact text belongs to the rollout)."""
+    return "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(passages, 1))
+
+
+def information_segment(passages) -> str:
+    """``<information>Doc 1(Title: t) text\\nDoc 2...</information>``: what a search returns."""
+    return f"<information>{format_passages(passages)}</information>"
+
+
+def reports_segment(reports: Sequence[Report]) -> str:
+    """The Leader's view of a finished wave: each report with its number and subtask."""
+    blocks = [f"Report {r.index} (task: {r.subtask.strip()}):\n{r.text.strip() or EMPTY_REPORT}" for r in reports]
+    return "\n\n".join(blocks)
+
+
+def searcher_feedback(passages=None, invalid: bool = False, force_report: bool = False) -> str:
+    """Content of the Searcher's next user turn: the search results, or the invalid-action note,
+    then (at the step limit) the order to report."""
+    return _join(information_segment(passages) if passages is not None else "",
+                 INVALID_SEARCHER if invalid else "", FORCE_REPORT if force_report else "")
+
+
+def leader_feedback(reports: Sequence[Report] = (), invalid: bool = False, force_select: bool = False) -> str:
+    """Content of the Leader's next user turn: new reports, or the invalid-action note, then (at
+    the round or step limit) the order to select."""
+    return _join(reports_segment(reports) if reports else "", INVALID_LEADER if invalid else "",
+                 FORCE_SELECT if force_select else "")
+
+
+ROLE_STOPS = {
+    "searcher": ("</search>", "</report>"),
+    "leader": ("</select>",),
+    "answerer": ("</answer>",),
+}
+"""Stop strings per role: a turn ends as soon as its action is complete (as Search-R1 stops at
+``</search>``), so the model cannot write passages of its own after a query. A subtask wave has
+no stop string (several tags) and ends with EOS."""
+
+ALL_PROMPT_TEXTS = (SEARCHER_SYSTEM, SEARCHER_USER, SEARCHER_SUBTASK_USER, LEADER_SYSTEM, LEADER_USER,
+                    ANSWERER_SYSTEM, ANSWERER_USER, NO_REPORTS, EMPTY_REPORT, INVALID_SEARCHER,
+                    INVALID_LEADER, FORCE_REPORT, FORCE_SELECT)

@@ -1,0 +1,88 @@
+"""Engine-independent sampling pieces: seeds, per-row random streams, one sampling step, stop strings.
+
+Batch invariance: every sampled row owns a CPU ``torch.Generator`` seeded from its request's seed
+and its sample index, and draws exactly one uniform per step. A token is then drawn by inverse-CDF
+on the row's (top-p filtered) distribution, so what a row samples depends only on its own logits
+and seed, never on which other rows share the batch, and CPU and CUDA draw the same uniforms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+SEED_BITS = 62
+
+
+def derive_seed(*parts) -> int:
+    """A stable 62-bit seed from any printable parts (blake2b of their reprs; stable across runs)."""
+    h = hashlib.blake2b("\x1f".join(repr(p) for p in parts).encode("utf-8"), digest_size=8)
+    return int.from_bytes(h.digest(), "little") >> (64 - SEED_BITS)
+
+
+def row_generator(seed: Optional[int], sample_index: int) -> torch.Generator:
+    """The CPU random stream of sample ``sample_index`` of a request; an unseeded request draws its
+    seed from torch's global generator (so ``torch.manual_seed`` still makes runs repeatable)."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**SEED_BITS, (1,)).item())
+    g = torch.Generator(device="cpu")
+    g.manual_seed(derive_seed(seed, sample_index))
+    return g
+
+
+def draw_uniforms(generators: Sequence[torch.Generator], device) -> torch.Tensor:
+    """One U[0,1) per row, each from its own stream, as a float64 tensor on ``device``."""
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+    return u.to(device)
+
+
+def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                uniforms: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row and return (tokens [B], log-probs [B] float32).
+
+    ``logits`` [B, V]; ``temperature``/``top_p`` [B] (temperature 0 = greedy); ``uniforms`` [B].
+    The log-prob is that of the chosen token under ``softmax(logits / T)`` (T=1 for greedy rows),
+    before top-p: top-p only restricts which tokens can be drawn (vLLM's "processed" log-probs
+    differ on that point; trainers recompute pi_old anyway).
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    logp = torch.log_softmax(logits / t[:, None], dim=-1)
+    probs = logp.exp()
+    # Inverse CDF over tokens sorted by probability, truncated to the top-p nucleus (the smallest
+    # prefix whose mass reaches top_p; the most likely token is always kept).
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(dim=-1) - sorted_p
+    keep = before < top_p.float()[:, None]
+    keep[:, 0] = True
+    kept = sorted_p * keep
+    cdf = kept.cumsum(dim=-1).double()
+    target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
+    j = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    j = torch.minimum(j, keep.sum(dim=-1) - 1)
+    sampled = order.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+class StopStrings:
+    """Token-level stop-string check for one row: after each new token, decode only the tail of
+    the generated ids that could hold a stop string and look for one.
+
+    A byte-level token holds at least one byte, so a stop string of b bytes ends within the last
+    b tokens; one extra token of context covers a multi-byte character split across tokens.
+    """
+
+    def __init__(self, stops: Sequence[str], tokenizer):
+        self.stops = tuple(s for s in stops if s)
+        self.tokenizer = tokenizer
+        self.window = max((len(s.encode("utf-8")) for s in self.stops), default=0) + 1
+
+    def hit(self, generated: List[int]) -> bool:
+        if not self.stops:
+            return False
+        tail = self.tokenizer.decode(generated[-self.window:], skip_special_tokens=False)
+        return any(s in tail for s in self.stops)
