@@ -9,37 +9,12 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from mopd.eval import plots, tables
-from mopd.eval.alignment import EvalError
 from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED
 from mopd.eval.collapse import collapse_table
+from mopd.eval.loading import load_runs, read_eval_records, records_file
 from mopd.eval.summary import summarize
-from mopd.rollout.records import WorkflowRecord, read_records
 
-RECORDS_FILE = "records.jsonl"
-
-
-def records_file(path: str | os.PathLike) -> Path:
-    """A run directory's ``records.jsonl``, or the path itself when it is a file."""
-    p = Path(path)
-    f = p / RECORDS_FILE if p.is_dir() else p
-    if not f.is_file():
-        raise EvalError(f"{path}: no records (expected a run directory with {RECORDS_FILE} or a .jsonl file)")
-    return f
-
-
-def load_runs(paths: Sequence[str | os.PathLike], names: Optional[Sequence[str]] = None
-              ) -> Dict[str, List[WorkflowRecord]]:
-    """Read each run under its name (default: the directory name, or the file stem)."""
-    if names and len(names) != len(paths):
-        raise EvalError(f"{len(paths)} runs but {len(names)} names; give one name per run")
-    out: Dict[str, List[WorkflowRecord]] = {}
-    for i, p in enumerate(paths):
-        path = Path(p)
-        name = names[i] if names else (path.name if path.is_dir() else path.stem)
-        if name in out:
-            raise EvalError(f"two runs are named {name!r}; give distinct names (--names)")
-        out[name] = read_records(records_file(path))
-    return out
+__all__ = ["load_runs", "report_runs", "render_markdown", "write_report"]
 
 
 def write_report(summary: dict, out_dir: str | os.PathLike, *, collapse_rows: Optional[List[dict]] = None,
@@ -137,6 +112,6 @@ def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     summary = summarize(runs, reference=reference, draws=draws, seed=seed, intersect=intersect)
     rows = None
     if collapse_runs:
-        rows = collapse_table({int(step): read_records(records_file(p)) for step, p in collapse_runs.items()})
+        rows = collapse_table({int(step): read_eval_records(records_file(p)) for step, p in collapse_runs.items()})
     return write_report(summary, out_dir, collapse_rows=rows, validation_logs=validation_logs,
                         make_plots=make_plots, title=title)

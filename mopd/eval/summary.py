@@ -17,11 +17,25 @@ import numpy as np
 
 from mopd.eval.alignment import AlignedRuns, EvalError, align_runs
 from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED, PERCENTILES, paired_intervals
-from mopd.eval.costs import (COST_FIELDS, cost_averages, cost_grid, pooled_stats, relative_change,
-                             task_assignments_apply)
+from mopd.eval.costs import (
+    COST_FIELDS,
+    cost_averages,
+    cost_grid,
+    pooled_stats,
+    relative_change,
+    task_assignments_apply,
+)
 from mopd.eval.diagnostics import failure_counts, failure_fractions, repaired_values, rescued_counts
-from mopd.eval.metrics import (FAILURE_TYPES, METRIC_KINDS, dataset_means, macro_mean, metric_names,
-                               n_correct_counts, outcomes, question_metrics)
+from mopd.eval.metrics import (
+    FAILURE_TYPES,
+    METRIC_KINDS,
+    dataset_means,
+    macro_mean,
+    metric_names,
+    n_correct_counts,
+    outcomes,
+    question_metrics,
+)
 from mopd.rollout.records import WorkflowRecord
 
 SCORINGS = ("strict", "flexible")

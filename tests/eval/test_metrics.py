@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 
 from mopd.eval.alignment import align_runs
-from mopd.eval.metrics import (dataset_means, macro_mean, n_correct_distribution, outcomes,
-                               question_metrics, score_record)
+from mopd.eval.metrics import (
+    dataset_means,
+    macro_mean,
+    n_correct_distribution,
+    outcomes,
+    question_metrics,
+    score_record,
+)
 from mopd.eval.summary import summarize
+
 from .records_factory import WRONG, make_record, right
 
 
