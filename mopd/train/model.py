@@ -1,0 +1,144 @@
+"""Loading the policy and teacher, FSDP2 wrapping, and the packed forward to hidden states.
+
+The lm-head is never applied here: callers pass the final hidden states and the lm-head weight
+to ``mopd.kernels`` (``linear_logprobs`` for no-grad scoring, ``fused_linear_policy_loss`` for
+the update), so full ``[tokens, vocab]`` logits are never materialised.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from mopd.train.packing import PackedBatch
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """The model or tokenizer could not be loaded (message says which path and why)."""
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def flash_attn_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn: str = "auto",
+                   use_liger: bool = False) -> Tuple[nn.Module, object]:
+    """Load a Hugging Face causal LM and its tokenizer from a local directory (or the HF cache)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if attn == "auto":
+        attn = "flash_attention_2" if flash_attn_available() else "sdpa"
+    elif attn == "flash":
+        if not flash_attn_available():
+            raise ModelLoadError("model.attn_implementation=flash needs CUDA and flash-attn "
+                                 "(pip install 'multiagent-opd[gpu]')")
+        attn = "flash_attention_2"
+    if not Path(path).exists() and "/" not in path:
+        raise ModelLoadError(f"model path {path!r} does not exist")
+    if use_liger and device.type == "cuda":
+        _apply_liger(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+    except OSError as e:
+        raise ModelLoadError(f"cannot load model from {path!r}: {e}") from None
+    model.to(device)
+    model.config.use_cache = False
+    return model, tok
+
+
+def _apply_liger(path: str) -> None:
+    """Patch Liger's RMSNorm/SwiGLU/RoPE into the model class (not its fused CE: our loss head is ours)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        log.info("liger-kernel is not installed; using the stock transformer kernels")
+        return
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel
+        from transformers import AutoConfig
+
+        model_type = AutoConfig.from_pretrained(path).model_type
+        _apply_liger_kernel(model_type, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                            fused_linear_cross_entropy=False)
+    except Exception as e:  # an unsupported architecture keeps the stock kernels
+        log.warning("Liger kernels not applied (%s); using the stock kernels", e)
+
+
+def lm_head_weight(model: nn.Module) -> torch.Tensor:
+    return model.get_output_embeddings().weight
+
+
+def packed_hidden(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Final hidden states [L, H] of a packed micro-batch, each sequence attending only to itself.
+
+    With flash-attn (CUDA) the restarting position ids mark the sequences (varlen kernel);
+    otherwise a block-diagonal causal mask goes to SDPA.
+    """
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    kwargs = dict(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False)
+    if impl != "flash_attention_2":
+        kwargs["attention_mask"] = batch.attention_mask()
+    out = model.model(**kwargs)
+    return out.last_hidden_state[0]
+
+
+@torch.no_grad()
+def packed_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.0,
+                    backend: str = "auto") -> torch.Tensor:
+    """log pi(target | history) at every position of a packed batch (no grad), fp32 [L]."""
+    from mopd.kernels import linear_logprobs
+
+    hidden = packed_hidden(model, batch)
+    logp, _ = linear_logprobs(hidden, lm_head_weight(model), batch.targets, temperature=temperature,
+                              with_entropy=False, backend=backend)
+    return logp.float()
+
+
+def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool = True,
+                activation_checkpointing: bool = False, reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2: ``fully_shard`` every decoder layer, then the root (bf16 params, fp32 reductions on CUDA)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    layers = _decoder_layers(model)
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, layer in enumerate(layers):
+            layers[i] = checkpoint_wrapper(layer)
+    mp = None
+    if mixed_precision and device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kw = {"mp_policy": mp} if mp is not None else {}
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
+    return model
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ModelLoadError(f"{type(model).__name__} has no model.layers ModuleList; cannot shard it per layer")
+    return layers
+
+
+def check_same_tokenizer(student_tok, teacher_tok, teacher_path: Optional[str] = None) -> None:
+    """OPD compares log-probs token by token: the vocabularies must be identical."""
+    a, b = student_tok.get_vocab(), teacher_tok.get_vocab()
+    if a != b:
+        diff = len(set(a.items()) ^ set(b.items()))
+        raise ModelLoadError(f"the teacher ({teacher_path}) does not share the student's tokenizer "
+                             f"({len(a)} vs {len(b)} entries, {diff} differing): OPD needs identical vocabularies")

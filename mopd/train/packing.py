@@ -1,0 +1,162 @@
+"""Packing agent calls into micro-batches by a token budget, balanced across ranks.
+
+Every agent call is one sequence. A micro-batch is ONE row of concatenated sequences (no padding
+between them): each sequence attends only to itself (block-diagonal causal mask, or flash-attn
+varlen with ``cu_seqlens``) and its position ids restart at 0. Per-token training signals are
+shifted by one, because the hidden state at position i predicts token i+1 of the same sequence;
+the last position of every sequence predicts nothing (role -1).
+
+Bins are filled first-fit-decreasing; then the number of micro-batches is made a multiple of the
+world size (FSDP ranks must run the same number of forward/backward passes) and bins are dealt
+to ranks largest-first onto the lightest rank, so ranks carry similar token counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+
+def pack_sequences(lengths: Sequence[int], budget: int, world_size: int = 1) -> List[List[List[int]]]:
+    """Group sequence indices into micro-batches of at most ``budget`` tokens, per rank.
+
+    Returns ``plan[rank][micro_batch] = [sequence indices]``; every rank gets the same number of
+    micro-batches (some may be empty when there are fewer sequences than ranks). A sequence longer
+    than the budget gets a micro-batch of its own.
+    """
+    if budget <= 0 or world_size <= 0:
+        raise ValueError("budget and world_size must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: List[List[int]] = []
+    loads: List[int] = []
+    for i in order:
+        n = lengths[i]
+        for b, load in enumerate(loads):
+            if load + n <= budget:
+                bins[b].append(i)
+                loads[b] += n
+                break
+        else:
+            bins.append([i])
+            loads.append(n)
+    # Make the count a multiple of world_size: split the fullest multi-sequence bins, else add empties.
+    while len(bins) % world_size:
+        splittable = [b for b in range(len(bins)) if len(bins[b]) > 1]
+        if not splittable:
+            bins.append([])
+            loads.append(0)
+            continue
+        b = max(splittable, key=lambda k: loads[k])
+        half_a, half_b = _split_balanced(bins[b], lengths)
+        bins[b], loads[b] = half_a, sum(lengths[i] for i in half_a)
+        bins.append(half_b)
+        loads.append(sum(lengths[i] for i in half_b))
+    per_rank = len(bins) // world_size
+    plan: List[List[List[int]]] = [[] for _ in range(world_size)]
+    rank_load = [0] * world_size
+    for b in sorted(range(len(bins)), key=lambda k: -loads[k]):
+        open_ranks = [r for r in range(world_size) if len(plan[r]) < per_rank]
+        r = min(open_ranks, key=lambda k: rank_load[k])
+        plan[r].append(bins[b])
+        rank_load[r] += loads[b]
+    return plan
+
+
+def _split_balanced(items: List[int], lengths: Sequence[int]):
+    a, b, la, lb = [], [], 0, 0
+    for i in sorted(items, key=lambda k: -lengths[k]):
+        if la <= lb:
+            a.append(i)
+            la += lengths[i]
+        else:
+            b.append(i)
+            lb += lengths[i]
+    return a, b
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch: a single row of concatenated sequences and their per-position signals.
+
+    Position i holds the signals of the token it *predicts* (token i+1 of its sequence).
+    """
+
+    input_ids: torch.Tensor      # [L] long
+    position_ids: torch.Tensor   # [L] long, restarting at 0 per sequence
+    seq_ids: torch.Tensor        # [L] long, index of the sequence within the micro-batch
+    cu_seqlens: torch.Tensor     # [S+1] int32, sequence boundaries (flash-attn varlen)
+    targets: torch.Tensor        # [L] long, next token (0 where nothing is predicted)
+    roles: torch.Tensor          # [L] long, role id of the predicted token, -1 if not trained
+    advantages: torch.Tensor     # [L] float, outcome advantage of the predicted token
+    sampling_logp: torch.Tensor  # [L] float, log-prob the engine recorded for the predicted token
+    items: List[int]             # indices of the packed sequences in the caller's list
+    pad_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def loss_tokens(self) -> int:
+        return int((self.roles >= 0).sum())
+
+    def attention_mask(self) -> torch.Tensor:
+        """Block-diagonal causal mask [1, 1, L, L] (True = may attend) for SDPA."""
+        L = self.num_tokens
+        same = self.seq_ids[:, None] == self.seq_ids[None, :]
+        causal = torch.ones(L, L, dtype=torch.bool, device=self.seq_ids.device).tril_()
+        return (same & causal)[None, None]
+
+    def to(self, device) -> "PackedBatch":
+        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return PackedBatch(**kw)
+
+
+def build_packed_batch(tokens: Sequence[Sequence[int]], roles: Sequence[Sequence[int]],
+                       advantages: Sequence[Sequence[float]], sampling_logp: Sequence[Sequence[float]],
+                       items: Optional[List[int]] = None, pad_to_multiple: int = 1,
+                       pad_id: int = 0) -> PackedBatch:
+    """Concatenate sequences (per-token signals aligned with their tokens) into a PackedBatch.
+
+    An empty micro-batch (a rank with nothing to do) becomes a single pad token with role -1, so
+    every rank still runs the forward/backward its collectives expect.
+    """
+    ids, pos, sid, tgt, rol, adv, slp, cu = [], [], [], [], [], [], [], [0]
+    for s, (t, r, a, lp) in enumerate(zip(tokens, roles, advantages, sampling_logp, strict=True)):
+        n = len(t)
+        if not (len(r) == len(a) == len(lp) == n):
+            raise ValueError(f"sequence {s}: {n} tokens but {len(r)} roles, {len(a)} advantages, {len(lp)} logprobs")
+        if n == 0:
+            continue
+        ids.extend(t)
+        pos.extend(range(n))
+        sid.extend([s] * n)
+        tgt.extend(list(t[1:]) + [0])
+        rol.extend(list(r[1:]) + [-1])
+        adv.extend(list(a[1:]) + [0.0])
+        slp.extend(list(lp[1:]) + [0.0])
+        cu.append(cu[-1] + n)
+    pad = (-len(ids)) % pad_to_multiple if ids else 1
+    if pad:
+        last = (sid[-1] + 1) if sid else 0
+        ids.extend([pad_id] * pad)
+        pos.extend(range(pad))
+        sid.extend([last] * pad)
+        tgt.extend([0] * pad)
+        rol.extend([-1] * pad)
+        adv.extend([0.0] * pad)
+        slp.extend([0.0] * pad)
+        cu.append(cu[-1] + pad)
+    return PackedBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long), position_ids=torch.tensor(pos, dtype=torch.long),
+        seq_ids=torch.tensor(sid, dtype=torch.long), cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        targets=torch.tensor(tgt, dtype=torch.long), roles=torch.tensor(rol, dtype=torch.long),
+        advantages=torch.tensor(adv, dtype=torch.float32), sampling_logp=torch.tensor(slp, dtype=torch.float32),
+        items=list(items) if items is not None else list(range(len(tokens))), pad_tokens=pad)
+
+
+def padding_fraction(batches: Sequence[PackedBatch]) -> float:
+    total = sum(b.num_tokens for b in batches)
+    return sum(b.pad_tokens for b in batches) / total if total else 0.0

@@ -1,0 +1,169 @@
+"""End-to-end trainer behaviour on a tiny random model (CPU, one process)."""
+
+import json
+
+import pytest
+import torch
+
+from fakes import FakeRetriever, tiny_overrides
+from mopd.config import resolve
+from mopd.train.trainer import PolicyTrainer, TrainingError
+
+
+def make_trainer(preset, model_dir, qa_file, out, resume=False, retriever=None, **extra):
+    cfg = resolve(preset, tiny_overrides(model_dir, qa_file, out, **extra))
+    return PolicyTrainer(cfg, retriever=retriever or FakeRetriever(), resume=resume, progress=False)
+
+
+def params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_stage1_step_completes_and_logs(tiny_model_dir, qa_file, tmp_path):
+    t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run")
+    before = params(t.model)
+    last = t.fit(2)
+    assert t.step == 2
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("rollout/no_search_frac", "perf/rollout_tokens_per_s", "loss/total", "reward/answerer"):
+        assert key in rows[-1], key
+    assert all(isinstance(v, (int, float)) for v in last.values())
+    after = params(t.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (tmp_path / "run" / "checkpoints" / "step_000002" / "trainer_state.json").is_file()
+    assert (tmp_path / "run" / "training.png").is_file()
+
+
+def test_stage2_step_with_teacher(tiny_model_dir, qa_file, tmp_path):
+    t = make_trainer("mopd", tiny_model_dir, qa_file, tmp_path / "run", **{"teacher.path": tiny_model_dir})
+    m = t.fit(1)
+    assert t.step == 1 and t.teacher is not None
+    # the teacher is the initial policy: its log-probs equal the student's before the update
+    assert "loss/total" in m and m["loss/skipped_updates"] == 0.0
+
+
+def test_teacher_logprobs_equal_direct_forward(tiny_model_dir):
+    from mopd.train.packing import build_packed_batch
+    from mopd.train.teacher import Teacher
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    teacher = Teacher(tiny_model_dir, student_tokenizer=tok, device=torch.device("cpu"))
+    seqs = [[5, 9, 17, 3, 44], [7, 7, 8]]
+    z = [[0.0] * len(s) for s in seqs]
+    b = build_packed_batch(seqs, [[0] * len(s) for s in seqs], z, z)
+    got = teacher.logprobs(b)
+    ref = []
+    for s in seqs:
+        with torch.no_grad():
+            lp = torch.log_softmax(teacher.model(input_ids=torch.tensor([s])).logits[0, :-1].float(), -1)
+        ref += lp.gather(1, torch.tensor(s[1:])[:, None])[:, 0].tolist() + [None]
+    for i, r in enumerate(ref):
+        if r is not None:
+            assert abs(got[i].item() - r) < 1e-4
+    assert not any(p.requires_grad for p in teacher.model.parameters())
+
+
+def test_teacher_with_other_tokenizer_is_a_clear_error(tiny_model_dir, qa_file, tmp_path):
+    from mopd.rollout.tiny_model import init_tiny_model
+    from mopd.train.model import ModelLoadError
+
+    other = init_tiny_model(tmp_path / "other", corpus_texts=["zebra quartz " * 50], vocab_size=300, hidden=32,
+                            layers=1, heads=2, ffn=64)
+    with pytest.raises(ModelLoadError, match="does not share the student's tokenizer"):
+        make_trainer("mopd", tiny_model_dir, qa_file, tmp_path / "run", **{"teacher.path": str(other)})
+
+
+def test_resume_is_exact(tiny_model_dir, qa_file, tmp_path):
+    a = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "a", **{"trainer.steps": 4})
+    a.fit(4)
+    straight = params(a.model)
+
+    b = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "b", **{"trainer.steps": 4})
+    b.fit(2)
+    del b
+    c = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "b", resume=True, **{"trainer.steps": 4})
+    assert c.step == 2
+    c.fit(4)
+    resumed = params(c.model)
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+
+
+def test_export_then_reload_gives_same_logprobs(tiny_model_dir, qa_file, tmp_path):
+    from mopd.cli import main
+    from mopd.train.model import load_causal_lm, packed_logprobs
+    from mopd.train.packing import build_packed_batch
+
+    t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run")
+    t.fit(1)
+    seqs = [[5, 9, 17, 3, 44, 2, 8]]
+    z = [[0.0] * 7]
+    b = build_packed_batch(seqs, [[0] * 7], z, z)
+    t.model.eval()
+    mine = packed_logprobs(t.model, b)
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    m2, _ = load_causal_lm(str(tmp_path / "hf"), dtype=torch.float32, device=torch.device("cpu"))
+    m2.eval()
+    assert torch.allclose(packed_logprobs(m2, b), mine, atol=1e-5)
+
+
+def test_fixed_batch_loss_goes_down(tiny_model_dir, qa_file, tmp_path):
+    t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run", **{"trainer.lr": 3e-3})
+    t.model.eval()
+    records = t._rollout(t.sampler.take(t.train_questions), step_seed=1, attempts=2, candidates=2,
+                         temperature=1.0, top_p=1.0)
+    t.model.train()
+    refs, batches = t._pack(records)
+    from mopd.train.model import packed_logprobs
+    from mopd.train.signals import fill_advantages
+
+    old = [packed_logprobs(t.model, b) for b in batches]
+    # fixed, non-trivial advantages: +1 on the first half of the calls, -1 on the rest
+    advs = [dict() for _ in records]
+    for i, r in enumerate(refs):
+        advs[r.record][r.call.call_id] = 1.0 if i % 2 == 0 else -1.0
+    fill_advantages(batches, refs, advs)
+    losses = [t._ppo_updates(batches, old, None)["loss/total"] for _ in range(6)]
+    assert losses[-1] < losses[0]
+
+
+def test_nonfinite_loss_is_skipped_logged_then_stops(tiny_model_dir, qa_file, tmp_path, monkeypatch):
+    import mopd.kernels as kernels
+
+    real = kernels.fused_linear_policy_loss
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        loss, stats = real(*a, **k)
+        calls["n"] += 1
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(kernels, "fused_linear_policy_loss", poisoned)
+    t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run", **{"trainer.max_bad_steps": 3})
+    before = params(t.model)
+    m = t.train_step()                        # two mini-batches, both poisoned: skipped, not applied
+    assert m["loss/skipped_updates"] == 2.0
+    after = params(t.model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events if e["kind"] == "nonfinite"] == ["nonfinite", "nonfinite"]
+    with pytest.raises(TrainingError, match="non-finite updates in a row"):
+        t.train_step()
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_lost_retriever_stops_cleanly_with_checkpoint(tiny_model_dir, qa_file, tmp_path):
+    t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run", retriever=FakeRetriever(fail_after=0),
+                     **{"rollout.max_output_tokens": 4})
+    # a random model rarely searches: force a search through a scripted rollout
+    from mopd.retriever import RetrieverUnavailable
+
+    def rollout_that_searches(*a, **k):
+        raise RetrieverUnavailable("http://127.0.0.1:9 unreachable after 5 retries")
+
+    t._rollout_fn = rollout_that_searches
+    with pytest.raises(TrainingError, match="retriever is unreachable"):
+        t.fit(2)
+    assert (tmp_path / "run" / "checkpoints" / "step_000000").is_dir()
