@@ -19,7 +19,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
+from aiohttp import web
+
 from mopd.retriever.batcher import MicroBatcher
+
+BATCHER = web.AppKey("batcher", MicroBatcher)
 
 
 @dataclass
@@ -66,8 +70,6 @@ def parse_request(body: Any, limits: ServerLimits) -> Tuple[List[str], int, bool
 def make_app(retriever, limits: Optional[ServerLimits] = None, max_wait_ms: float = 2.0,
              max_batch_queries: int = 512, batching: bool = True):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
-    from aiohttp import web
-
     limits = limits or ServerLimits()
     batcher = MicroBatcher(retriever.search_rows, max_wait_ms / 1000.0, max_batch_queries, enabled=batching)
 
@@ -117,7 +119,7 @@ def make_app(retriever, limits: Optional[ServerLimits] = None, max_wait_ms: floa
         await batcher.stop()
 
     app = web.Application(client_max_size=limits.max_body_bytes)
-    app["batcher"] = batcher
+    app[BATCHER] = batcher
     app.router.add_post("/retrieve", retrieve)
     app.router.add_get("/health", health)
     app.on_startup.append(on_startup)
@@ -127,8 +129,6 @@ def make_app(retriever, limits: Optional[ServerLimits] = None, max_wait_ms: floa
 
 def serve(retriever, host: str = "127.0.0.1", port: int = 8000, **kwargs) -> None:
     """Serve until interrupted (the CLI's `mopd retriever serve`)."""
-    from aiohttp import web
-
     app = make_app(retriever, **kwargs)
     web.run_app(app, host=host, port=port, print=lambda msg: print(
         f"serving {retriever.meta.describe()} on http://{host}:{port} (POST /retrieve, GET /health)",
@@ -154,8 +154,6 @@ class ServerThread:
         return f"http://{self.host}:{self.port}"
 
     def _main(self) -> None:
-        from aiohttp import web
-
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
 

@@ -1,0 +1,221 @@
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from mopd.retriever import HttpRetriever, RetrieverUnavailable, open_retriever
+from mopd.retriever.batcher import MicroBatcher
+from mopd.retriever.client import RetrieverRequestError
+from mopd.retriever.server import ServerLimits, ServerThread
+
+
+def _post(url, body: bytes):
+    req = urllib.request.Request(url + "/retrieve", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def flat_retriever(built):
+    return open_retriever(built("flat"))
+
+
+@pytest.fixture(scope="module")
+def server(flat_retriever):
+    limits = ServerLimits(max_topk=50, max_queries=64, max_body_bytes=64 << 10)
+    with ServerThread(flat_retriever, limits=limits, max_wait_ms=20) as srv:
+        yield srv
+
+
+def test_response_shape_is_search_r1s(server, flat_retriever, bundled_rows):
+    q = [bundled_rows[3]["contents"], "lanterns festival"]
+    status, body = _post(server.url, json.dumps({"queries": q, "topk": 3, "return_scores": True}).encode())
+    assert status == 200 and list(body) == ["result"] and len(body["result"]) == 2
+    for row in body["result"]:
+        assert len(row) == 3
+        for item in row:
+            assert set(item) == {"document", "score"} and set(item["document"]) == {"id", "contents"}
+            assert isinstance(item["document"]["id"], str) and isinstance(item["score"], float)
+    assert body["result"][0][0]["document"] == {"id": bundled_rows[3]["id"], "contents": bundled_rows[3]["contents"]}
+    status, bare = _post(server.url, json.dumps({"queries": q, "topk": 2}).encode())  # return_scores defaults off
+    assert status == 200
+    assert bare["result"] == [[it["document"] for it in row[:2]] for row in body["result"]]
+    status, default_k = _post(server.url, json.dumps({"queries": q[:1]}).encode())
+    assert len(default_k["result"][0]) == 3
+
+
+def test_client_matches_in_process_retriever(server, flat_retriever):
+    qs = ["a shipwright born in a harbour town", "plum wine", "white roofs"]
+    remote = HttpRetriever(server.url, timeout_s=30, retries=0).search(qs, 4)
+    local = flat_retriever.search(qs, 4)
+    assert [[p.id for p in r] for r in remote] == [[p.id for p in r] for r in local]
+    for r, l in zip(remote, local):
+        for a, b in zip(r, l):
+            assert (a.title, a.text) == (b.title, b.text) and a.score == pytest.approx(b.score, abs=1e-5)
+    split = HttpRetriever(server.url, retries=0, max_queries_per_request=2).search(qs, 2)  # 2 requests
+    assert [[p.id for p in r] for r in split] == [[p.id for p in r[:2]] for r in local]
+
+
+def test_32_concurrent_clients_all_answered_as_serially(server, bundled_rows):
+    client = HttpRetriever(server.url, timeout_s=60, retries=0)
+    queries = [[bundled_rows[(7 * i) % 200]["contents"], f"town number {i}"] for i in range(32)]
+    ks = [1 + i % 4 for i in range(32)]
+    serial = [client.search(q, k) for q, k in zip(queries, ks)]
+    before = client.health()
+    results = [None] * 32
+    barrier = threading.Barrier(32)
+
+    def worker(i):
+        barrier.wait()
+        results[i] = client.search(queries[i], ks[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = client.health()
+    assert after["requests"] - before["requests"] == 32
+    assert after["batches"] - before["batches"] <= 32
+    for got, want, k in zip(results, serial, ks):
+        assert [[p.id for p in r] for r in got] == [[p.id for p in r] for r in want]
+        assert all(len(r) == k for r in got)
+        np.testing.assert_allclose([[p.score for p in r] for r in got], [[p.score for p in r] for r in want],
+                                   atol=1e-5)
+
+
+BAD = [
+    (b"not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b"{}", 400, "missing field 'queries'"),
+    (b'{"queries": []}', 400, "empty"),
+    (b'{"queries": "one string"}', 400, "must be a list"),
+    (b'{"queries": ["ok", 3]}', 400, "queries\\[1\\] is int"),
+    (b'{"queries": ["a"], "topk": 0}', 400, "out of range"),
+    (b'{"queries": ["a"], "topk": 51}', 400, "out of range"),
+    (b'{"queries": ["a"], "topk": "3"}', 400, "must be an integer"),
+    (b'{"queries": ["a"], "return_scores": "yes"}', 400, "return_scores"),
+    (json.dumps({"queries": ["q"] * 65}).encode(), 400, "too many queries"),
+    (json.dumps({"queries": ["x" * (70 << 10)]}).encode(), 413, "too large"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD, ids=[m for _, _, m in BAD])
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, body, status, message):
+    got, answer = _post(server.url, body)
+    assert got == status
+    assert pytest.importorskip("re").search(message, answer["error"])
+    health = HttpRetriever(server.url, retries=0).health()
+    assert health["status"] == "ok"
+    assert _post(server.url, b'{"queries": ["copper"], "topk": 1}')[0] == 200
+
+
+def test_client_raises_request_errors_without_retrying(server):
+    with pytest.raises(RetrieverRequestError, match="HTTP 400.*out of range"):
+        HttpRetriever(server.url, retries=3).search(["a"], 0)
+
+
+def test_unreachable_server_raises_with_url_after_retries():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    c = HttpRetriever(f"http://127.0.0.1:{port}", timeout_s=2, retries=2, backoff_s=0.01)
+    with pytest.raises(RetrieverUnavailable, match=f"127.0.0.1:{port}/retrieve unavailable after 3 attempts"):
+        c.search(["q"], 3)
+
+
+class _Flaky:
+    """A retriever whose first `fail` searches raise (the server answers 500)."""
+
+    def __init__(self, inner, fail):
+        self.inner, self.fail = inner, fail
+        self.meta, self.corpus, self.kind = inner.meta, inner.corpus, inner.kind
+
+    def __len__(self):
+        return len(self.inner)
+
+    def search_rows(self, queries, k):
+        if self.fail > 0:
+            self.fail -= 1
+            raise RuntimeError("index hiccup")
+        return self.inner.search_rows(queries, k)
+
+
+def test_server_errors_are_retried_then_succeed(built):
+    inner = open_retriever(built("bm25"))
+    with ServerThread(_Flaky(inner, 2)) as srv:
+        got = HttpRetriever(srv.url, retries=3, backoff_s=0.01).search(["copper market"], 2)
+        assert [p.id for p in got[0]] == [p.id for p in inner.search(["copper market"], 2)[0]]
+    with ServerThread(_Flaky(inner, 5)) as srv:
+        with pytest.raises(RetrieverUnavailable, match="HTTP 500.*index hiccup"):
+            HttpRetriever(srv.url, retries=1, backoff_s=0.01).search(["x"], 1)
+
+
+def test_no_batching_mode_serves_too(built):
+    with ServerThread(open_retriever(built("bm25")), batching=False) as srv:
+        c = HttpRetriever(srv.url, retries=0)
+        assert len(c.search(["a", "b"], 2)) == 2
+        assert c.health()["batching"] is False
+
+
+def _fake_search(queries, k):
+    """Row r of a batch holds ids r*100 + 0..k-1, so a request's slice shows where it landed."""
+    ids = np.array([[int(q) * 100 + j for j in range(k)] for q in queries], dtype=np.int64)
+    return ids, -ids.astype(np.float32)
+
+
+def test_micro_batcher_gathers_concurrent_requests_into_one_call():
+    calls = []
+
+    def search(queries, k):
+        calls.append((list(queries), k))
+        return _fake_search(queries, k)
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.05, max_batch_queries=1000)
+        await b.start()
+        reqs = [([str(i), str(i + 1000)][: 1 + i % 2], 1 + i % 5) for i in range(64)]
+        out = await asyncio.gather(*(b.submit(q, k) for q, k in reqs))
+        await b.stop()
+        return reqs, out, b.stats
+
+    reqs, out, stats = asyncio.run(main())
+    assert len(calls) == 1 and calls[0][1] == 5 and stats.batches == 1 and stats.requests == 64
+    for (q, k), (ids, scores) in zip(reqs, out):
+        assert ids.shape == (len(q), k)
+        np.testing.assert_array_equal(ids, _fake_search(q, k)[0])
+
+
+def test_micro_batcher_respects_max_batch_and_propagates_errors():
+    sizes = []
+
+    def search(queries, k):
+        sizes.append(len(queries))
+        if "boom" in queries:
+            raise RuntimeError("boom")
+        return _fake_search([q for q in queries], k)
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=10)
+        await b.start()
+        ok = await asyncio.gather(*(b.submit([str(i)] * 3, 2) for i in range(12)))
+        with pytest.raises(RuntimeError, match="boom"):
+            await b.submit(["boom"], 1)
+        after = await b.submit(["7"], 1)  # the worker survived the error
+        await b.stop()
+        return ok, after
+
+    ok, after = asyncio.run(main())
+    assert max(sizes[:-2]) <= 12 and sum(sizes[:-2]) == 36  # a batch stops once it reaches 10 queries
+    assert all(np.array_equal(ids, _fake_search([str(i)] * 3, 2)[0]) for i, (ids, _) in enumerate(ok))
+    assert after[0].tolist() == [[700]]
