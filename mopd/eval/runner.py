@@ -30,7 +30,8 @@ WORKFLOW_STEPS = {"cmas": 5, "hmas": 12}
 
 RunWorkflows = Callable[..., List[WorkflowRecord]]
 """``run_workflows(engine, retriever, tokenizer, questions, *, workflow, attempts, rollout_cfg,
-answer_candidates, temperature, top_p, seed, method, progress) -> records`` (mopd.rollout.scheduler)."""
+answer_candidates, temperature, top_p, seed, method, progress, topk) -> records``
+(``mopd.rollout.scheduler.run_workflows``)."""
 
 
 def eval_rollout_config(cfg, workflow: str):
@@ -139,18 +140,18 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, workflow: 
     _, done = read_finished(path, attempts)
     extra = dict(run_info or {})
     _write_run_file(out, settings, len(questions), len(done & set(keys)), extra)
-    todo = [(i, q) for i, q in enumerate(questions) if (q.dataset, q.id) not in done]
+    todo = [q for q in questions if (q.dataset, q.id) not in done]
     log(f"{len(questions) - len(todo)} of {len(questions)} questions already finished; {len(todo)} to run")
     rollout_cfg = eval_rollout_config(cfg, workflow)
     finished = len(questions) - len(todo)
     for start in range(0, len(todo), chunk_questions):
-        part = todo[start:start + chunk_questions]
-        chunk = [q for _, q in part]
+        chunk = todo[start:start + chunk_questions]
+        # One base seed for every chunk: the scheduler seeds each call from (seed, question, attempt,
+        # call, turn), so a record does not depend on its chunk or on a restart.
         records = run_fn(engine, retriever, tokenizer, chunk, workflow=workflow, attempts=attempts,
                          rollout_cfg=rollout_cfg, answer_candidates=rollout_cfg.answer_candidates,
-                         temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
-                         # seed from the chunk's first manifest position: a fresh run is reproducible
-                         seed=rollout_cfg.seed + 1_000_003 * part[0][0], method=method, progress=progress)
+                         temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=rollout_cfg.seed,
+                         method=method, progress=progress, topk=cfg.retriever.topk)
         _check_chunk(records, chunk, attempts)
         for r in records:
             r.method = r.method or method

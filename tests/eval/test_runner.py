@@ -21,10 +21,10 @@ class FakeRollout:
         self.fail_on_call = fail_on_call
 
     def __call__(self, engine, retriever, tokenizer, questions, *, workflow, attempts, rollout_cfg,
-                 answer_candidates, temperature, top_p, seed, method="", progress=True):
+                 answer_candidates, temperature, top_p, seed, method="", progress=True, topk=3):
         self.calls.append({"ids": [q.id for q in questions], "workflow": workflow, "attempts": attempts,
                            "candidates": answer_candidates, "temperature": temperature, "top_p": top_p,
-                           "seed": seed, "max_steps": rollout_cfg.max_steps})
+                           "seed": seed, "max_steps": rollout_cfg.max_steps, "topk": topk})
         if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
             raise KeyboardInterrupt
         return [make_record(q.id, q.dataset, a, right(), workflow=workflow) for q in questions
@@ -50,6 +50,7 @@ def test_runs_every_question_in_chunks_and_writes_records(tmp_path):
                           chunk_questions=2, run_fn=fake)
     assert [c["ids"] for c in fake.calls] == [["q0", "q1"], ["q2", "q3"], ["q4"]]
     assert all(c["temperature"] == 0.6 and c["top_p"] == 0.95 and c["candidates"] == 1 for c in fake.calls)
+    assert {c["seed"] for c in fake.calls} == {0} and {c["topk"] for c in fake.calls} == {3}
     recs = read_records(path)
     assert len(recs) == 20 and {r.method for r in recs} == {"m"}
     assert json.loads((tmp_path / "run.json").read_text())["finished_questions"] == 5
