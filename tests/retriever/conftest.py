@@ -7,7 +7,7 @@ import pytest
 
 from mopd.retriever import bundled_corpus_path
 
-N_SMALL = 240  # passages in the session indexes (about 5 s of MiniLM encoding on 2 cores)
+N_SMALL = 160  # passages in the session indexes (about 3 s of MiniLM encoding on 2 cores)
 
 
 @pytest.fixture(autouse=True)

@@ -84,13 +84,13 @@ def test_resume_after_an_interrupted_build(built, small_corpus, tmp_path, monkey
     out = tmp_path / "resumed"
     monkeypatch.setattr(Encoder, "encode_passages", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        build_index(small_corpus, out, index_kind="torch", chunk_size=64, max_passages=200)
-    assert calls == [64, 64]
+        build_index(small_corpus, out, index_kind="torch", chunk_size=32, max_passages=100)
+    assert calls == [32, 32]
     assert sorted(p.name for p in (out / "build").glob("chunk_*.npy")) == ["chunk_000000.npy", "chunk_000001.npy"]
     with pytest.raises(IndexDirError, match="interrupted"):
         open_retriever(out)
     with pytest.raises(IndexDirError, match="chunk_size differ"):
-        build_index(small_corpus, out, index_kind="torch", chunk_size=32, max_passages=200)
+        build_index(small_corpus, out, index_kind="torch", chunk_size=16, max_passages=100)
 
     resumed = []
 
@@ -99,12 +99,12 @@ def test_resume_after_an_interrupted_build(built, small_corpus, tmp_path, monkey
         return real(self, texts, **kw)
 
     monkeypatch.setattr(Encoder, "encode_passages", counting)
-    build_index(small_corpus, out, index_kind="torch", chunk_size=64, max_passages=200)
-    assert resumed == [64, 8]  # only the chunks that were missing
+    build_index(small_corpus, out, index_kind="torch", chunk_size=32, max_passages=100)
+    assert resumed == [32, 4]  # only the chunks that were missing
     vectors = np.load(out / "vectors.npy")
-    reference = flat_vectors(built("flat") / "index.faiss")[:200]
+    reference = flat_vectors(built("flat") / "index.faiss")[:100]
     np.testing.assert_allclose(vectors, reference, atol=1e-5)
-    assert len(open_retriever(out)) == 200
+    assert len(open_retriever(out)) == 100
 
 
 def test_load_retriever_by_config(built):
