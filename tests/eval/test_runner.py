@@ -102,3 +102,25 @@ def test_a_rollout_that_loses_attempts_is_an_error(tmp_path):
                        run_fn=lambda *a, **k: lossy())
     with pytest.raises(EvalError, match="appears twice"):
         run_evaluation(None, None, None, _questions(2) * 2, "cmas", 4, Config(), tmp_path / "b", run_fn=FakeRollout())
+
+
+def test_evaluate_in_process_with_an_engine(tmp_path):
+    import mopd.eval
+
+    class Engine:
+        tokenizer = "tok"
+
+        def generate(self, requests):
+            raise AssertionError("the fake rollout does not generate")
+
+    seen = {}
+
+    def rollout(engine, retriever, tokenizer, questions, **kw):
+        seen.update(engine=engine, tokenizer=tokenizer, retriever=retriever)
+        return FakeRollout()(engine, retriever, tokenizer, questions, **kw)
+
+    eng = Engine()
+    path = mopd.eval.evaluate(eng, None, "ret", _questions(3), "hmas", 2, Config(), tmp_path, run_fn=rollout)
+    assert seen == {"engine": eng, "tokenizer": "tok", "retriever": "ret"}
+    s = mopd.eval.summarize({"m": mopd.eval.load_runs([path.parent])[path.parent.name]}, draws=20)
+    assert s["accuracy"]["strict"]["m"]["macro"]["avg@2"]["value"] == 1.0
