@@ -30,17 +30,24 @@ POOLED_FIELDS = COST_FIELDS + ("duration_s",)
 
 
 def record_costs(r: WorkflowRecord) -> Tuple[float, ...]:
-    """The COST_FIELDS of one workflow, in order."""
-    searches = [e for e in r.events if e.kind == "search" and e.text.strip()]
-    return (
-        float(r.search_actions),
-        float(sum(1 for e in searches if len(e.passages) > 0)),
-        float(r.returned_passages),
-        float(r.input_tokens),
-        float(r.output_tokens),
-        float(len(r.events_of("report"))),
-        float(len(r.events_of("subtask"))),
-    )
+    """The COST_FIELDS of one workflow, in order (one pass over its events; the same counts as
+    ``WorkflowRecord.search_actions`` / ``returned_passages``)."""
+    actions = with_passages = passages = reports = subtasks = 0
+    for e in r.events:
+        if e.kind == "search":
+            n = len(e.passages)
+            passages += n
+            if e.text.strip():
+                actions += 1
+                with_passages += n > 0
+        elif e.kind == "report":
+            reports += 1
+        elif e.kind == "subtask":
+            subtasks += 1
+    tokens_in = sum(c.input_tokens for c in r.calls)
+    tokens_out = sum(c.output_tokens for c in r.calls)
+    return (float(actions), float(with_passages), float(passages), float(tokens_in), float(tokens_out),
+            float(reports), float(subtasks))
 
 
 def task_assignments_apply(records: List[WorkflowRecord]) -> bool:
@@ -67,18 +74,22 @@ def relative_change(value: float, base: float) -> Optional[float]:
     return None if base == 0 else (value - base) / base
 
 
-def pooled_stats(records: List[WorkflowRecord]) -> Dict[str, Dict[str, float]]:
-    """Descriptive statistics over all workflows of one system, without any weighting."""
-    rows = np.asarray([record_costs(r) + (r.duration_s,) for r in records], dtype=float)
+def pooled_stats(rows: np.ndarray) -> Dict[str, Dict[str, float]]:
+    """Descriptive statistics over all workflows of one system, without any weighting.
+
+    rows: [N, len(POOLED_FIELDS)], one row per workflow (its COST_FIELDS, then its duration).
+    """
+    rows = np.asarray(rows, dtype=float).reshape(-1, len(POOLED_FIELDS))
     out = {}
     for j, name in enumerate(POOLED_FIELDS):
-        col = rows[:, j] if len(rows) else np.zeros(0)
+        col = rows[:, j]
+        empty = len(col) == 0
         out[name] = {
             "workflows": int(len(col)),
             "total": float(col.sum()),
-            "mean": float(col.mean()) if len(col) else 0.0,
-            "std": float(col.std()) if len(col) else 0.0,
-            "median": float(np.median(col)) if len(col) else 0.0,
-            "max": float(col.max()) if len(col) else 0.0,
+            "mean": 0.0 if empty else float(col.mean()),
+            "std": 0.0 if empty else float(col.std()),
+            "median": 0.0 if empty else float(np.median(col)),
+            "max": 0.0 if empty else float(col.max()),
         }
     return out

@@ -133,7 +133,8 @@ def _diff(si: int, ref: int, value: float, lo: float, hi: float) -> dict:
 
 
 def _costs(runs: AlignedRuns, ref: int) -> Dict[str, dict]:
-    grid = cost_grid(runs)
+    grid = cost_grid(runs)  # [S, Q, K, F]
+    durations = runs.grid(lambda r: r.duration_s)  # [S, Q, K]
     per_d, macro = cost_averages(grid, runs.dataset_index, len(runs.datasets))
     out = {}
     for si, sname in enumerate(runs.systems):
@@ -145,7 +146,7 @@ def _costs(runs: AlignedRuns, ref: int) -> Dict[str, dict]:
             "task_assignments_applicable": applies,
             "relative_change_of_reference": None if si == ref else {
                 f: relative_change(macro[ref, j], macro[si, j]) for j, f in enumerate(COST_FIELDS)},
-            "pooled": pooled_stats(runs.records[si]),
+            "pooled": pooled_stats(np.concatenate([grid[si], durations[si][..., None]], -1)),
         }
         out[sname] = entry
     return out

@@ -51,3 +51,17 @@ def test_cost_averages_attempts_then_questions_then_datasets():
 def test_relative_change():
     assert relative_change(697, 885) == pytest.approx(-188 / 885)
     assert relative_change(1, 0) is None
+
+
+def test_record_costs_agree_with_the_record_properties():
+    import random
+
+    rng = random.Random(3)
+    for _ in range(50):
+        r = make_record("q", "d", 0, right(), searches=rng.randint(0, 3), empty_searches=rng.randint(0, 2),
+                        blank_queries=rng.randint(0, 2), passages_per_search=rng.randint(0, 3),
+                        reports=rng.randint(0, 2), subtasks=rng.randint(0, 2), input_tokens=rng.randint(0, 99))
+        c = record_costs(r)
+        assert (c[0], c[2], c[3], c[4]) == (r.search_actions, r.returned_passages, r.input_tokens, r.output_tokens)
+        assert c[1] == sum(1 for e in r.events_of("search") if e.text.strip() and e.passages)
+        assert (c[5], c[6]) == (len(r.events_of("report")), len(r.events_of("subtask")))
