@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Sequence
 
+from mopd.retriever.passage import format_passages
 from mopd.rollout.chat import render_ids
 
 SEARCHER_SYSTEM = (
@@ -130,14 +131,9 @@ def render_answerer_prompt(tokenizer, question: str, reports: Sequence[str]) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def format_passages(passages) -> str:
-    """Search-R1's layout, ``Doc i(Title: t) text`` one per line (as ``mopd.retriever.format_passages``;
-    kept here too because the prompt's exact text belongs to the rollout)."""
-    return "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(passages, 1))
-
-
 def information_segment(passages) -> str:
-    """``<information>Doc 1(Title: t) text\\nDoc 2...</information>``: what a search returns."""
+    """``<information>Doc 1(Title: t) text\\nDoc 2...</information>``: what a search returns
+    (the passages in the retriever's Search-R1 layout, :func:`mopd.retriever.format_passages`)."""
     return f"<information>{format_passages(passages)}</information>"
 
 
