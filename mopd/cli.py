@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "mopd.train.commands",
     "mopd.eval.commands",
     "mopd.retriever.commands",
+    "mopd.rollout.commands",
 ]
 
 

@@ -1,0 +1,128 @@
+"""`mopd model init-tiny` and `mopd rollout`: a test model, and workflows run from the command line."""
+
+from __future__ import annotations
+
+from mopd.cli import add_overrides_argument
+
+
+def register(sub) -> None:
+    m = sub.add_parser("model", help="models for tests and smoke runs")
+    msub = m.add_subparsers(dest="model_command", metavar="ACTION")
+    t = msub.add_parser("init-tiny", help="write a random small Qwen3 model with its own byte-level BPE "
+                                          "tokenizer and a Qwen-style chat template (offline, seconds)")
+    t.add_argument("--out", required=True, help="output directory (Hugging Face format)")
+    t.add_argument("--corpus", nargs="*", default=[], metavar="FILE",
+                   help="text or jsonl files whose lines also train the tokenizer (default: prompts only)")
+    t.add_argument("--vocab-size", type=int, default=1024)
+    t.add_argument("--hidden", type=int, default=128)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--ffn", type=int, default=384)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_init_tiny)
+
+    r = sub.add_parser(
+        "rollout", help="run C-MAS or H-MAS workflows on a question file and write their records",
+        description="Run K workflows per question with the model and the retriever of the config and write "
+                    "one WorkflowRecord per line. Sampling defaults to the evaluation settings (eval.temperature, "
+                    "eval.top_p, eval.answer_candidates). Config overrides go last, e.g. "
+                    "retriever.kind=http retriever.url=http://host:8000 or retriever.index=DIR.")
+    r.add_argument("--model", required=True, help="Hugging Face model directory")
+    r.add_argument("--workflow", choices=["cmas", "hmas"], default=None,
+                   help="workflow (default: the preset's; without --preset, cmas)")
+    r.add_argument("--preset", default=None,
+                   help="config preset for limits and retriever (default: cmas_base or hmas_base)")
+    r.add_argument("--data", required=True, help="questions: FlashRAG .jsonl or Search-R1 .parquet")
+    r.add_argument("--attempts", type=int, default=1, help="workflows per question (K)")
+    r.add_argument("--out", required=True, help="records file to write (.jsonl)")
+    r.add_argument("--limit", type=int, default=None, help="use only the first N questions")
+    r.add_argument("--candidates", type=int, default=None, help="Answerer candidates per request")
+    r.add_argument("--temperature", type=float, default=None)
+    r.add_argument("--top-p", type=float, default=None)
+    r.add_argument("--seed", type=int, default=None, help="sampling seed (default: rollout.seed)")
+    r.add_argument("--device", default=None, help="HF engine device: cpu, cuda (default: cuda when available)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_overrides_argument(r)
+    r.set_defaults(func=_rollout)
+
+
+def _init_tiny(args) -> int:
+    from pathlib import Path
+
+    from mopd.cli import UserError
+    from mopd.rollout.tiny_model import init_tiny_model
+
+    texts = []
+    for f in args.corpus:
+        p = Path(f)
+        if not p.is_file():
+            raise UserError(f"corpus file {f} does not exist")
+        texts.extend(line for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
+    try:
+        out = init_tiny_model(args.out, corpus_texts=texts, vocab_size=args.vocab_size, hidden=args.hidden,
+                              layers=args.layers, heads=args.heads, ffn=args.ffn, seed=args.seed)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(f"tiny model written to {out}")
+    return 0
+
+
+def _rollout(args) -> int:
+    import time
+    from pathlib import Path
+
+    from mopd.cli import UserError
+    from mopd.config import resolve
+    from mopd.data.qa import load_questions
+    from mopd.eval.scoring import exact_match
+    from mopd.rollout.engine import build_engine
+    from mopd.rollout.records import write_records
+    from mopd.rollout.scheduler import run_workflows
+    from mopd.rollout.vllm_engine import EngineUnavailable
+
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    if not Path(args.model).is_dir():
+        raise UserError(f"model directory {args.model} does not exist")
+    cfg = resolve(args.preset or f"{args.workflow or 'cmas'}_base", args.overrides)
+    workflow = args.workflow or cfg.rollout.workflow
+    questions, report = load_questions(args.data, skip_malformed=cfg.data.skip_malformed)
+    questions = questions[:args.limit] if args.limit else questions
+    if not questions:
+        raise UserError(f"{args.data} holds no questions")
+    try:
+        engine = build_engine(cfg.rollout, args.model, device=args.device, dtype=cfg.model.dtype)
+        retriever = _retriever(cfg)
+    except EngineUnavailable as e:
+        raise UserError(str(e)) from None
+    start = time.perf_counter()
+    try:
+        records = run_workflows(
+            engine, retriever, engine.tokenizer, questions, workflow=workflow, attempts=args.attempts,
+            rollout_cfg=cfg.rollout, answer_candidates=args.candidates or cfg.eval.answer_candidates,
+            temperature=cfg.eval.temperature if args.temperature is None else args.temperature,
+            top_p=args.top_p or cfg.eval.top_p, seed=cfg.rollout.seed if args.seed is None else args.seed,
+            method=cfg.method, progress=not args.no_progress, topk=cfg.retriever.topk)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    seconds = time.perf_counter() - start
+    write_records(args.out, records)
+    n = len(records)
+    em = sum(exact_match(r.final_answer, r.answers) for r in records) / n
+    out_tokens = sum(r.output_tokens for r in records)
+    print(f"{n} {workflow} workflows on {len(questions)} questions in {seconds:.1f}s "
+          f"({out_tokens / max(seconds, 1e-9):.0f} generated tokens/s); EM {em:.3f}; "
+          f"search actions {sum(r.search_actions for r in records) / n:.2f}/workflow; "
+          f"invalid calls {sum(c.invalid for r in records for c in r.calls)}; records: {args.out}")
+    return 0
+
+
+def _retriever(cfg):
+    from mopd.cli import UserError
+
+    try:
+        from mopd.retriever import load_retriever
+
+        return load_retriever(cfg.retriever)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise UserError(f"retriever ({cfg.retriever.kind}): {e}") from None
