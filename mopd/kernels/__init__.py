@@ -1,0 +1,25 @@
+"""Fused lm-head kernels for RL trainers: log-probs/entropy and the role-aware PPO/OPD loss.
+
+Importable on its own (torch, and triton only when the Triton backend runs)::
+
+    from mopd.kernels import linear_logprobs, fused_linear_policy_loss, RoleSpec
+
+See ``mopd/kernels/README.md`` for usage and ``chunked`` for the memory plan.
+"""
+
+from mopd.kernels.ops import fused_linear_policy_loss, linear_logprobs, resolve_backend
+from mopd.kernels.reference import reference_linear_logprobs, reference_policy_loss
+from mopd.kernels.roles import KL_TYPES, RoleSpec
+from mopd.kernels.terms import STAT_NAMES, stats_to_floats
+
+__all__ = [
+    "linear_logprobs",
+    "fused_linear_policy_loss",
+    "RoleSpec",
+    "KL_TYPES",
+    "STAT_NAMES",
+    "stats_to_floats",
+    "resolve_backend",
+    "reference_linear_logprobs",
+    "reference_policy_loss",
+]

@@ -1,0 +1,279 @@
+"""The public entry points: ``linear_logprobs`` and ``fused_linear_policy_loss``, and their backends.
+
+- ``linear_logprobs`` is the ``torch.library`` custom op ``mopd_kernels::linear_logprobs`` (with a
+  registered fake and autograd formula), so it traces under ``torch.compile`` and FSDP2 as one
+  opaque node. Its backward is the custom op ``mopd_kernels::linear_logprobs_backward``, which
+  recomputes the logits chunk by chunk (no [T, V] tensor is saved between forward and backward).
+- ``fused_linear_policy_loss`` is a ``torch.autograd.Function``: its forward computes the loss,
+  the per-role stats *and* the gradients w.r.t. hidden and weight (Liger style), and its backward
+  only scales those by the upstream gradient. It is not a custom op (it returns Python stats and
+  holds gradients between forward and backward); ``torch.compile`` graph-breaks around it.
+
+Backends: ``"triton"`` (compiled on CUDA; the interpreter on CPU when TRITON_INTERPRET=1),
+``"torch"`` (the chunked pure-torch path), ``"reference"`` (full logits, plain autograd) and
+``"auto"`` (triton on CUDA when triton imports, torch elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+
+from mopd.kernels import chunked, reference
+from mopd.kernels.roles import (RoleSpec, check_backend, check_linear_inputs, check_loss_inputs,
+                                check_temperature, role_table)
+from mopd.kernels.terms import role_stats, token_terms
+
+Stats = Dict[int, Dict[str, torch.Tensor]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The concrete backend ``"triton" | "torch" | "reference"`` for tensors on ``device``."""
+    check_backend(backend)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    if backend == "triton":
+        if not triton_available():
+            raise ValueError("backend='triton' but triton is not installed; use backend='torch'")
+        if device.type != "cuda" and not interpreter_enabled():
+            raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before triton "
+                             f"is imported, for tests); got tensors on {device}")
+    return backend
+
+
+def row_pass_for(backend: str):
+    if backend == "triton":
+        from mopd.kernels.triton_kernels import TritonRowPass
+
+        return TritonRowPass()
+    if backend == "torch":
+        return chunked.TorchRowPass()
+    raise ValueError(f"backend={backend!r} has no row pass")
+
+
+# ---------------------------------------------------------------------------------------------
+# linear_logprobs: custom ops
+# ---------------------------------------------------------------------------------------------
+
+
+def _linear_logprobs_impl(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          temperature: float, backend: str, chunk_rows: int
+                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logp, entropy, lse) fp32 [T] by the chunked loop of ``backend`` (``"torch"`` or ``"triton"``)."""
+    return chunked.logprobs_forward(hidden, weight, targets, temperature, row_pass_for(backend),
+                                    chunk_rows or None)
+
+
+_linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", mutates_args=())(
+    _linear_logprobs_impl)
+
+
+@_linear_logprobs_op.register_fake
+def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows):
+    T = hidden.shape[0]
+    return tuple(hidden.new_empty(T, dtype=torch.float32) for _ in range(3))
+
+
+def _linear_logprobs_backward_impl(grad_logp: torch.Tensor, grad_entropy: torch.Tensor, hidden: torch.Tensor,
+                                   weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                                   entropy: torch.Tensor, temperature: float, backend: str, chunk_rows: int,
+                                   need_hidden: bool, need_weight: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(grad_hidden, grad_weight); an empty tensor stands for a gradient that is not needed."""
+    gh, gw = chunked.logprobs_backward(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy,
+                                       temperature, row_pass_for(backend), need_hidden, need_weight,
+                                       chunk_rows or None)
+    return (gh if gh is not None else hidden.new_empty(0), gw if gw is not None else weight.new_empty(0))
+
+
+_linear_logprobs_backward_op = torch.library.custom_op(
+    "mopd_kernels::linear_logprobs_backward", mutates_args=())(_linear_logprobs_backward_impl)
+
+CUSTOM_OP_IMPLS = {
+    "mopd_kernels::linear_logprobs": _linear_logprobs_impl,
+    "mopd_kernels::linear_logprobs_backward": _linear_logprobs_backward_impl,
+}
+"""The Python bodies of this package's custom ops (``memtrack`` runs them to see inside)."""
+
+
+@_linear_logprobs_backward_op.register_fake
+def _linear_logprobs_backward_fake(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy,
+                                   temperature, backend, chunk_rows, need_hidden, need_weight):
+    return (torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
+            torch.empty_like(weight) if need_weight else weight.new_empty(0))
+
+
+def _linear_logprobs_setup_context(ctx, inputs, output):
+    hidden, weight, targets, temperature, backend, chunk_rows = inputs
+    _, entropy, lse = output
+    ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+    ctx.config = (temperature, backend, chunk_rows)
+
+
+def _linear_logprobs_backward(ctx, grad_logp, grad_entropy, grad_lse):
+    hidden, weight, targets, lse, entropy = ctx.saved_tensors
+    temperature, backend, chunk_rows = ctx.config
+    need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if grad_logp is None:
+        grad_logp = torch.zeros_like(lse)
+    if grad_entropy is None:
+        grad_entropy = torch.zeros_like(lse)
+    gh, gw = torch.ops.mopd_kernels.linear_logprobs_backward(
+        grad_logp, grad_entropy, hidden, weight, targets, lse, entropy, temperature, backend, chunk_rows,
+        need_h, need_w)
+    return (gh if need_h else None, gw if need_w else None, None, None, None, None)
+
+
+torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprobs_backward,
+                                setup_context=_linear_logprobs_setup_context)
+
+
+def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                    temperature: float = 1.0, with_entropy: bool = True, backend: str = "auto",
+                    chunk_rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob of each target and entropy of each row of ``softmax(hidden @ weight.T / temperature)``.
+
+    ``hidden`` [T, H] (fp32/bf16/fp16), ``weight`` [V, H] of the same dtype, ``targets`` [T] int.
+    Returns ``logp`` [T] fp32 and ``entropy`` [T] fp32 (None when ``with_entropy=False``; it is
+    computed in the same pass either way). A target outside ``[0, V)`` (e.g. -100) gets logp 0 and
+    no gradient. Differentiable w.r.t. ``hidden`` and ``weight``; under ``torch.no_grad`` it is the
+    pi_old / teacher scoring pass. ``chunk_rows`` fixes the rows per chunk (default: from a memory
+    budget, ``MOPD_KERNELS_CHUNK_MB``).
+    """
+    check_linear_inputs(hidden, weight, targets)
+    check_temperature(temperature)
+    backend = resolve_backend(backend, hidden.device)
+    if backend == "reference":
+        logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
+    else:
+        logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
+            hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend, int(chunk_rows or 0))
+    return logp, (entropy if with_entropy else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_linear_policy_loss: autograd.Function
+# ---------------------------------------------------------------------------------------------
+
+
+class _FusedPolicyLoss(torch.autograd.Function):
+    """Forward: loss sum and gradients in one chunked pass. Backward: scale the stored gradients."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, run):
+        result = run()
+        ctx.grads = (result["grad_hidden"], result["grad_weight"])
+        ctx.grad_divisor = result["grad_divisor"]
+        ctx.mark_non_differentiable(result["logp"], result["entropy"])
+        return result["loss"], result["logp"], result["entropy"]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss, _grad_logp, _grad_entropy):
+        grad_h, grad_w = ctx.grads
+        ctx.grads = None
+        scale = grad_loss if ctx.grad_divisor is None else grad_loss / ctx.grad_divisor
+        # In place: these tensors were made by the forward for this purpose and nothing else holds them.
+        if grad_h is not None:
+            grad_h.mul_(scale.to(grad_h.device))
+        if grad_w is not None:
+            grad_w.mul_(scale.to(grad_w.device))
+        return grad_h, grad_w, None
+
+
+def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                             old_logp: torch.Tensor, advantages: torch.Tensor, roles: torch.Tensor,
+                             role_specs: Sequence[RoleSpec], *, teacher_logp: Optional[torch.Tensor] = None,
+                             ref_logp: Optional[torch.Tensor] = None, clip_low: float = 0.2,
+                             clip_high: float = 0.2, dual_clip: Optional[float] = None,
+                             temperature: float = 1.0,
+                             normalizer: Union[None, int, float, torch.Tensor] = None,
+                             backend: str = "auto", chunk_rows: Optional[int] = None
+                             ) -> Tuple[torch.Tensor, Stats]:
+    """Role-aware clipped PPO / OPD loss of the lm head over packed tokens, without [T, V] logits.
+
+    ``loss = sum_{t: roles[t] >= 0} loss_t / normalizer`` with the per-token loss of
+    ``mopd.kernels.terms`` (advantage by role, clipped surrogate, entropy bonus, KL to ``ref_logp``).
+    ``normalizer`` defaults to the number of trained tokens (role >= 0); pass the global count when
+    a mini-batch is split over ranks or accumulation steps. Gradients flow to ``hidden`` and
+    ``weight`` only. ``stats[r]`` holds 0-d fp32 tensors (no host sync) for every role ``r``:
+    ``tokens, advantage_mean, clip_frac, approx_kl, entropy_mean, opd_log_ratio, pg_loss, kl``.
+    """
+    check_loss_inputs(hidden, weight, targets, old_logp, advantages, roles, role_specs, teacher_logp,
+                      ref_logp, clip_low, clip_high, dual_clip, temperature, normalizer)
+    backend = resolve_backend(backend, hidden.device)
+    if backend == "reference":
+        return reference.reference_policy_loss(
+            hidden, weight, targets, old_logp, advantages, roles, role_specs, teacher_logp=teacher_logp,
+            ref_logp=ref_logp, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+            temperature=temperature, normalizer=normalizer)
+
+    dev = hidden.device
+
+    def f32(x):
+        return None if x is None else x.detach().to(torch.float32).contiguous()
+
+    old, adv, teacher, ref = f32(old_logp), f32(advantages), f32(teacher_logp), f32(ref_logp)
+    roles = roles.contiguous()
+    table = role_table(role_specs, dev)
+    grad_on = torch.is_grad_enabled()
+    need_h = grad_on and hidden.requires_grad
+    need_w = grad_on and weight.requires_grad
+    # A number normaliser is folded into the gradient matmuls; a tensor one (e.g. an all-reduced
+    # count) divides the upstream gradient in backward, so no host sync is needed for it.
+    tensor_norm = isinstance(normalizer, torch.Tensor)
+    grad_scale = 1.0 if tensor_norm else (None if normalizer is None else 1.0 / float(normalizer))
+    has_entropy_term = any(s.entropy_coef != 0 for s in role_specs)
+
+    def run():
+        p = chunked.policy_loss_pass(
+            hidden.detach().contiguous(), weight.detach(), targets.contiguous(), old, adv, roles, table, teacher,
+            ref, clip_low, clip_high, dual_clip, float(temperature), row_pass_for(backend), need_h, need_w,
+            grad_scale=grad_scale, has_entropy_term=has_entropy_term, chunk_rows=chunk_rows)
+        n = p.logp.numel()
+        pick = (lambda x: x) if p.index is None else (lambda x: None if x is None else x.index_select(0, p.index))
+        old_a, adv_a, teacher_a, ref_a = pick(old), pick(adv), pick(teacher), pick(ref)
+        role_a = pick(roles)
+        terms = token_terms(p.logp, p.entropy, old_a, adv_a, role_a, table, teacher_a, ref_a,
+                            clip_low, clip_high, dual_clip)
+        if tensor_norm:
+            divisor = normalizer.to(device=dev, dtype=torch.float32).reshape(())
+            loss = terms["loss"].sum() / divisor
+            grad_divisor = divisor
+        else:
+            divisor = float(normalizer) if normalizer is not None else float(max(n, 1))
+            loss = terms["loss"].sum() / divisor
+            grad_divisor = None
+        stats = role_stats(role_a, len(role_specs), terms, p.logp, p.entropy, old_a, teacher_a)
+        return {"loss": loss, "logp": p.logp, "entropy": p.entropy, "grad_hidden": p.grad_hidden,
+                "grad_weight": p.grad_weight, "grad_divisor": grad_divisor, "stats": stats}
+
+    holder = {}
+
+    def run_and_keep():
+        holder.update(run())
+        return holder
+
+    if need_h or need_w:
+        loss, _, _ = _FusedPolicyLoss.apply(hidden, weight, run_and_keep)
+    else:
+        loss = run_and_keep()["loss"]
+    return loss, holder["stats"]

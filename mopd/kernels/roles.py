@@ -1,0 +1,188 @@
+"""Role specifications for the fused policy loss, and the argument checks shared by every backend.
+
+A packed micro-batch mixes tokens of several roles (Leader, Searcher, Answerer, ...). Each token
+carries a role id; ``roles[t] = r >= 0`` selects ``role_specs[r]``, ``-1`` marks a token that is
+not trained (prompt, retrieved passage, padding). A role's spec says where its advantage comes
+from and how its three loss terms are weighted; the kernels read the specs as a small
+``[R, ROLE_FIELDS]`` float table (one row per role) so that one launch serves all roles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+KL_TYPES = ("k1", "k2", "k3")
+"""k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's estimators)."""
+
+ADVANTAGE_SOURCES = ("outcome", "opd")
+
+# Columns of the role table (kept in sync with the Triton kernel, which reads them by index).
+COL_IS_OPD, COL_OPD_COEF, COL_PG_COEF, COL_ENT_COEF, COL_KL_COEF, COL_KL_TYPE = range(6)
+ROLE_FIELDS = 8  # padded to 8 floats per row
+
+BACKENDS = ("auto", "triton", "torch", "reference")
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """How the tokens of one role are trained.
+
+    - ``advantage="outcome"``: ``A_t = advantages[t]`` (e.g. a GRPO advantage broadcast over the call);
+      ``advantage="opd"``: ``A_t = opd_coef * (teacher_logp[t] - old_logp[t])`` (on-policy distillation).
+    - token loss ``pg_coef * pg_t - entropy_coef * H_t + kl_coef * kl_t`` with the clipped PPO
+      surrogate ``pg_t`` and the ``kl_type`` estimator of KL(pi || ref).
+
+    A role whose coefficients are all 0 contributes nothing but still counts in the default
+    normaliser (DESIGN §4, ``no_searcher_supervision``). ``name`` only labels stats.
+    """
+
+    advantage: str = "outcome"
+    opd_coef: float = 0.01
+    pg_coef: float = 1.0
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_type: str = "k3"
+    name: Optional[str] = None
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGE_SOURCES:
+            raise ValueError(f"RoleSpec.advantage={self.advantage!r}: choose one of {ADVANTAGE_SOURCES}")
+        if self.kl_type not in KL_TYPES:
+            raise ValueError(f"RoleSpec.kl_type={self.kl_type!r}: choose one of {KL_TYPES}")
+        for field in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"RoleSpec.{field}={value!r} must be a finite number")
+
+    @property
+    def is_opd(self) -> bool:
+        return self.advantage == "opd"
+
+
+def role_table(role_specs: Sequence[RoleSpec], device: torch.device) -> torch.Tensor:
+    """The specs as a ``[R, ROLE_FIELDS]`` float32 table on ``device`` (columns ``COL_*``)."""
+    rows = []
+    for spec in role_specs:
+        row = [0.0] * ROLE_FIELDS
+        row[COL_IS_OPD] = 1.0 if spec.is_opd else 0.0
+        row[COL_OPD_COEF] = float(spec.opd_coef)
+        row[COL_PG_COEF] = float(spec.pg_coef)
+        row[COL_ENT_COEF] = float(spec.entropy_coef)
+        row[COL_KL_COEF] = float(spec.kl_coef)
+        row[COL_KL_TYPE] = float(KL_TYPES.index(spec.kl_type))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), ROLE_FIELDS).to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+def check_linear_inputs(hidden, weight, targets) -> Tuple[int, int, int]:
+    """Shapes, dtypes and devices of the lm-head inputs; returns ``(T, H, V)``."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if _is_dtensor(t):
+            raise ValueError(f"{name} is a DTensor: pass the unsharded local tensor (call the loss inside "
+                             "the FSDP module's forward, or after unshard())")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [T, H] (flattened packed tokens), got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [V, H], got shape {tuple(weight.shape)}")
+    T, H = hidden.shape
+    V = weight.shape[0]
+    if weight.shape[1] != H:
+        raise ValueError(f"weight has hidden size {weight.shape[1]} but hidden has {H}")
+    if not hidden.dtype.is_floating_point:
+        raise ValueError(f"hidden must be a float tensor, got {hidden.dtype}")
+    if weight.dtype != hidden.dtype:
+        raise ValueError(f"weight dtype {weight.dtype} differs from hidden dtype {hidden.dtype}")
+    if weight.device != hidden.device:
+        raise ValueError(f"weight is on {weight.device} but hidden is on {hidden.device}")
+    _check_vector("targets", targets, T, hidden.device, integer=True)
+    return T, H, V
+
+
+def _check_vector(name: str, t, T: int, device: torch.device, integer: bool = False) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1 or t.shape[0] != T:
+        raise ValueError(f"{name} must have shape [{T}] (one per token row of hidden), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but hidden is on {device}")
+    if integer and (t.dtype.is_floating_point or t.dtype == torch.bool):
+        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    if not integer and not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a float tensor, got {t.dtype}")
+
+
+def check_loss_inputs(hidden, weight, targets, old_logp, advantages, roles, role_specs,
+                      teacher_logp, ref_logp, clip_low, clip_high, dual_clip, temperature,
+                      normalizer) -> Tuple[int, int, int]:
+    """Every argument of ``fused_linear_policy_loss``; a ValueError names the first bad one."""
+    T, H, V = check_linear_inputs(hidden, weight, targets)
+    dev = hidden.device
+    _check_vector("old_logp", old_logp, T, dev)
+    _check_vector("advantages", advantages, T, dev)
+    _check_vector("roles", roles, T, dev, integer=True)
+    if not isinstance(role_specs, (list, tuple)) or not all(isinstance(s, RoleSpec) for s in role_specs):
+        raise ValueError("role_specs must be a list of RoleSpec")
+    if len(role_specs) == 0:
+        raise ValueError("role_specs is empty")
+    if any(s.is_opd for s in role_specs):
+        if teacher_logp is None:
+            names = [s.name or str(i) for i, s in enumerate(role_specs) if s.is_opd]
+            raise ValueError(f"teacher_logp is required: role(s) {names} take the OPD advantage")
+    if teacher_logp is not None:
+        _check_vector("teacher_logp", teacher_logp, T, dev)
+    if any(s.kl_coef != 0 for s in role_specs):
+        if ref_logp is None:
+            names = [s.name or str(i) for i, s in enumerate(role_specs) if s.kl_coef != 0]
+            raise ValueError(f"ref_logp is required: role(s) {names} have kl_coef != 0")
+    if ref_logp is not None:
+        _check_vector("ref_logp", ref_logp, T, dev)
+    if not (0 <= clip_low < 1):
+        raise ValueError(f"clip_low={clip_low} must lie in [0, 1)")
+    if not (clip_high >= 0):
+        raise ValueError(f"clip_high={clip_high} must be >= 0")
+    if dual_clip is not None and not (dual_clip > 1):
+        raise ValueError(f"dual_clip={dual_clip} must be > 1 (or None)")
+    check_temperature(temperature)
+    if normalizer is not None:
+        if isinstance(normalizer, torch.Tensor):
+            if normalizer.numel() != 1:
+                raise ValueError(f"normalizer must be a number or a 0-d tensor, got shape {tuple(normalizer.shape)}")
+        elif not isinstance(normalizer, (int, float)) or not normalizer > 0:
+            raise ValueError(f"normalizer={normalizer!r} must be a positive number (the global token count)")
+    if T > 0:
+        # One host sync for the three value checks.
+        bad_target = (((targets < 0) | (targets >= V)) & (roles >= 0)).any()
+        lo, hi, bad = torch.stack([roles.min().to(torch.int64), roles.max().to(torch.int64),
+                                   bad_target.to(torch.int64)]).tolist()
+        if lo < -1 or hi >= len(role_specs):
+            raise ValueError(f"roles must lie in [-1, {len(role_specs) - 1}] (index into role_specs), "
+                             f"got values in [{lo}, {hi}]")
+        if bad:
+            raise ValueError(f"targets must lie in [0, {V}) on every trained token (role >= 0)")
+    return T, H, V
+
+
+def check_temperature(temperature) -> None:
+    if not isinstance(temperature, (int, float)) or not temperature > 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature={temperature!r} must be a positive number")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
+

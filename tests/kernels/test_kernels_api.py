@@ -1,0 +1,155 @@
+"""Argument checks, RoleSpec, backend choice, the per-token gradient formulas, and the custom op."""
+
+import pytest
+import torch
+from kernel_cases import make_batch
+
+from mopd.kernels import RoleSpec, fused_linear_policy_loss, linear_logprobs, resolve_backend, stats_to_floats
+from mopd.kernels.roles import role_table
+from mopd.kernels.terms import STAT_NAMES, token_terms
+
+SPECS = [RoleSpec("outcome"), RoleSpec("opd", kl_coef=0.1)]
+
+
+def _args(T=6, H=4, V=10):
+    b = make_batch(T, H, V, SPECS)
+    return dict(hidden=b.hidden, weight=b.weight, targets=b.targets, old_logp=b.old_logp,
+                advantages=b.advantages, roles=b.roles, role_specs=SPECS,
+                teacher_logp=b.teacher_logp, ref_logp=b.ref_logp)
+
+
+def _call(**kw):
+    args = _args()
+    args.update(kw)
+    pos = [args.pop(k) for k in ("hidden", "weight", "targets", "old_logp", "advantages", "roles", "role_specs")]
+    return fused_linear_policy_loss(*pos, backend="torch", **args)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(teacher_logp=None), "teacher_logp"),
+    (dict(ref_logp=None), "ref_logp"),
+    (dict(old_logp=torch.zeros(5)), "old_logp"),
+    (dict(advantages=torch.zeros(6, 1)), "advantages"),
+    (dict(roles=torch.zeros(6)), "roles"),
+    (dict(roles=torch.full((6,), 2)), "roles"),
+    (dict(roles=torch.full((6,), -2)), "roles"),
+    (dict(targets=torch.zeros(7, dtype=torch.long)), "targets"),
+    (dict(targets=torch.full((6,), 10)), "targets"),
+    (dict(weight=torch.zeros(10, 5)), "weight"),
+    (dict(weight=torch.zeros(10, 4, dtype=torch.float64)), "weight"),
+    (dict(hidden=torch.zeros(2, 3, 4)), "hidden"),
+    (dict(teacher_logp=torch.zeros(6, device="meta")), "teacher_logp"),
+    (dict(role_specs=[]), "role_specs"),
+    (dict(normalizer=0), "normalizer"),
+    (dict(temperature=0.0), "temperature"),
+    (dict(dual_clip=0.5), "dual_clip"),
+    (dict(clip_low=1.0), "clip_low"),
+])
+def test_bad_arguments_raise_value_error_naming_them(change, name):
+    with pytest.raises(ValueError, match=name):
+        _call(**change)
+
+
+def test_missing_teacher_names_the_opd_role():
+    specs = [RoleSpec("outcome", name="leader"), RoleSpec("opd", name="searcher")]
+    with pytest.raises(ValueError, match="teacher_logp.*searcher"):
+        _call(role_specs=specs, teacher_logp=None, ref_logp=None)
+
+
+def test_linear_logprobs_argument_checks():
+    h, w, t = torch.randn(4, 3), torch.randn(9, 3), torch.randint(0, 9, (4,))
+    with pytest.raises(ValueError, match="targets"):
+        linear_logprobs(h, w, t.float())
+    with pytest.raises(ValueError, match="targets"):
+        linear_logprobs(h, w, t[:3])
+    with pytest.raises(ValueError, match="weight"):
+        linear_logprobs(h, w.T, t)
+    with pytest.raises(ValueError, match="backend"):
+        linear_logprobs(h, w, t, backend="cuda")
+    with pytest.raises(ValueError, match="temperature"):
+        linear_logprobs(h, w, t, temperature=-1.0)
+
+
+def test_role_spec_checks():
+    with pytest.raises(ValueError, match="advantage"):
+        RoleSpec("grpo")
+    with pytest.raises(ValueError, match="kl_type"):
+        RoleSpec(kl_type="k4")
+    with pytest.raises(ValueError, match="pg_coef"):
+        RoleSpec(pg_coef=float("nan"))
+    assert RoleSpec("opd").is_opd and not RoleSpec().is_opd
+
+
+def test_backend_resolution(monkeypatch):
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu) == "torch"
+    assert resolve_backend("reference", cpu) == "reference"
+    # (the env var itself must not change: triton reads it when it is first imported)
+    monkeypatch.setattr("mopd.kernels.ops.interpreter_enabled", lambda: False)
+    with pytest.raises(ValueError, match="CUDA"):
+        resolve_backend("triton", cpu)
+
+
+def test_stats_layout_and_flattening():
+    loss, stats = _call()
+    assert sorted(stats) == [0, 1]
+    for r in stats:
+        assert tuple(stats[r]) == STAT_NAMES
+        assert all(v.dim() == 0 for v in stats[r].values())
+    flat = stats_to_floats(stats, ["leader", "searcher"])
+    assert flat["searcher/tokens"] == float(stats[1]["tokens"])
+    assert len(flat) == 2 * len(STAT_NAMES)
+
+
+@pytest.mark.parametrize("dual", [None, 2.0])
+def test_token_gradient_scalars_match_autograd(dual):
+    """g_logp and g_H of terms.token_terms are the derivatives of its loss (all branches)."""
+    n = 400
+    g = torch.Generator().manual_seed(1)
+    specs = [RoleSpec("outcome", entropy_coef=0.3, kl_coef=0.7, kl_type=k) for k in ("k1", "k2", "k3")]
+    specs += [RoleSpec("opd", opd_coef=0.5, kl_coef=0.2, kl_type="k3"), RoleSpec("outcome", pg_coef=0.0)]
+    table = role_table(specs, torch.device("cpu"))
+    logp = (-3 * torch.rand(n, generator=g, dtype=torch.float64)).float().requires_grad_(True)
+    ent = (5 * torch.rand(n, generator=g)).requires_grad_(True)
+    old = logp.detach() + torch.randn(n, generator=g)
+    adv = torch.randn(n, generator=g)
+    role = torch.randint(0, len(specs), (n,), generator=g)
+    teacher = logp.detach() + torch.randn(n, generator=g)
+    ref = logp.detach() + torch.randn(n, generator=g)
+    terms = token_terms(logp, ent, old, adv, role, table, teacher, ref, 0.2, 0.25, dual)
+    d_logp, d_ent = torch.autograd.grad(terms["loss"].sum(), (logp, ent))
+    torch.testing.assert_close(terms["g_logp"], d_logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(terms["g_entropy"], d_ent)
+    assert 0.1 < float(terms["clipped"].mean()) < 0.9
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom op
+# ---------------------------------------------------------------------------------------------
+
+
+def test_custom_op_passes_opcheck():
+    h = torch.randn(7, 5, requires_grad=True)
+    w = torch.randn(13, 5, requires_grad=True)
+    t = torch.randint(0, 13, (7,))
+    # schema, fake tensor and autograd registration (the compile path is tested below)
+    torch.library.opcheck(torch.ops.mopd_kernels.linear_logprobs.default, (h, w, t, 0.9, "torch", 3),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_linear_logprobs_compiles_without_graph_break():
+    h = torch.randn(9, 6, requires_grad=True)
+    w = torch.randn(21, 6, requires_grad=True)
+    t = torch.randint(0, 21, (9,))
+
+    def f(h, w, t):
+        logp, ent = linear_logprobs(h, w, t, temperature=0.7, backend="torch")
+        return (logp * 2).sum() + ent.mean()
+
+    eager = f(h, w, t)
+    eager_grads = torch.autograd.grad(eager, (h, w))
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(h, w, t)
+    compiled_grads = torch.autograd.grad(compiled, (h, w))
+    torch.testing.assert_close(compiled, eager)
+    for a, b in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(a, b)
