@@ -24,7 +24,9 @@ _EXPORTS = {
     "run_evaluation": "mopd.eval.runner",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["EvalError", "align_runs", "collapse_table", "evaluate", "load_runs", "paired_intervals",
+           "read_eval_records", "render_markdown", "report_runs", "run_evaluation", "summarize",
+           "validation_curve_plot", "write_report"]
 
 
 def __getattr__(name: str):

@@ -28,6 +28,8 @@ def register(sub) -> None:
     run.add_argument("--file", dest="yaml_file", default=None, help="YAML config applied on top of the preset")
     run.add_argument("--limit", type=int, default=None, help="only the first N questions of the manifest")
     run.add_argument("--chunk", type=int, default=32, help="questions per rollout batch (records saved after each)")
+    run.add_argument("--keep-token-ids", action="store_true",
+                     help="keep token ids and sampling log-probs in the records (texts are always kept)")
     add_overrides_argument(run)
     run.set_defaults(func=_run)
 
@@ -96,7 +98,7 @@ def _run(args) -> int:
         path = run_evaluation(engine, retriever, tokenizer, questions, args.workflow, attempts, cfg, args.out,
                               method=method, chunk_questions=args.chunk, run_fn=run_workflows, progress=True,
                               run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
-                              log=print)
+                              keep_token_ids=args.keep_token_ids, log=print)
     except EvalError as e:
         raise UserError(str(e)) from None
     print(f"records: {path}")

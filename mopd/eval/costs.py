@@ -85,7 +85,7 @@ def pooled_stats(rows: np.ndarray) -> Dict[str, Dict[str, float]]:
         col = rows[:, j]
         empty = len(col) == 0
         out[name] = {
-            "workflows": int(len(col)),
+            "workflows": len(col),
             "total": float(col.sum()),
             "mean": 0.0 if empty else float(col.mean()),
             "std": 0.0 if empty else float(col.std()),

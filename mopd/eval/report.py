@@ -14,7 +14,7 @@ from mopd.eval.collapse import collapse_table
 from mopd.eval.loading import load_runs, read_eval_records, records_file
 from mopd.eval.summary import summarize
 
-__all__ = ["load_runs", "report_runs", "render_markdown", "write_report"]
+__all__ = ["load_runs", "render_markdown", "report_runs", "write_report"]
 
 
 def write_report(summary: dict, out_dir: str | os.PathLike, *, collapse_rows: Optional[List[dict]] = None,
@@ -49,11 +49,11 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
     parts = [
         f"# {title}",
         "",
-        f"Systems: {', '.join(summary['systems'])}; reference: **{ref}**. Datasets (questions): {ds}. "
-        f"{k} attempts per question. Scores are normalised exact match of the last `<answer>` tag of the "
-        "final Answerer output (strict) unless marked flexible; all values in %, datasets weighted equally "
-        f"(macro). Intervals: 2.5th-97.5th percentiles of {p['bootstrap_draws']:,} paired question-bootstrap "
-        f"draws (seed {p['bootstrap_seed']}); differences are {ref} minus the system.",
+        (f"Systems: {', '.join(summary['systems'])}; reference: **{ref}**. Datasets (questions): {ds}. "
+         f"{k} attempts per question. Scores are normalised exact match of the last `<answer>` tag of the "
+         "final Answerer output (strict) unless marked flexible; all values in %, datasets weighted equally "
+         f"(macro). Intervals: 2.5th-97.5th percentiles of {p['bootstrap_draws']:,} paired question-bootstrap "
+         f"draws (seed {p['bootstrap_seed']}); differences are {ref} minus the system."),
     ]
     if p.get("dropped_records"):
         parts.append(f"\nRestricted to the questions all systems share; records left out: {p['dropped_records']}.")
@@ -71,9 +71,9 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
         parts += [f"![{names['avg']} per dataset]({figs['per_dataset']})", ""]
     parts += ["## Cost (per workflow; attempts, then questions, then datasets averaged)", "",
               tables.cost_table(summary), "",
-              "Task assignments are Leader subtasks; a cascade (C-MAS) has no Leader, shown as n/a "
-              "(0 in metrics.json with `task_assignments_applicable: false`). Token counts include repeated "
-              "history across turns.", ""]
+              ("Task assignments are Leader subtasks; a cascade (C-MAS) has no Leader, shown as n/a "
+               "(0 in metrics.json with `task_assignments_applicable: false`). Token counts include repeated "
+               "history across turns."), ""]
     if len(summary["systems"]) > 1:
         parts += [tables.relative_cost_table(summary), ""]
     parts += ["Pooled over all workflows (no weighting):", "", tables.pooled_cost_table(summary), ""]
@@ -84,9 +84,9 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
               "", "count (pooled % / macro %)", "", tables.failure_table(summary), ""]
     if len(summary["systems"]) > 1:
         parts += [f"### Upper bound from format repair (against {ref})", "",
-                  f"If every format failure of system B were correct, its {names['avg']} would be a_B + f_B; "
-                  "a positive bound means the reference stays ahead even then (an assumed repair, "
-                  "not a measured one).", "", tables.bound_table(summary), ""]
+                  (f"If every format failure of system B were correct, its {names['avg']} would be a_B + f_B; "
+                   "a positive bound means the reference stays ahead even then (an assumed repair, "
+                   "not a measured one)."), "", tables.bound_table(summary), ""]
     if summary.get("collapse"):
         parts += ["## Search collapse over checkpoints (pooled over workflows)", "",
                   tables.collapse_markdown(summary["collapse"]), ""]

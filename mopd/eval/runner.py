@@ -43,11 +43,22 @@ def eval_rollout_config(cfg, workflow: str):
 
 
 def _run_settings(cfg, workflow: str, attempts: int, method: str) -> dict:
+    """What must not change between the starts of one run."""
     r = eval_rollout_config(cfg, workflow)
     return {"workflow": workflow, "attempts": attempts, "method": method,
             "answer_candidates": r.answer_candidates, "temperature": r.temperature, "top_p": r.top_p,
             "max_input_tokens": r.max_input_tokens, "max_output_tokens": r.max_output_tokens,
             "max_steps": r.max_steps, "max_rounds": r.max_rounds, "seed": r.seed}
+
+
+def drop_token_ids(record: WorkflowRecord) -> WorkflowRecord:
+    """Empty every segment's token ids and log-probs, keeping its text (evaluation reads texts,
+    events and token counts; ids and log-probs make an evaluation file some 10x larger)."""
+    for call in record.calls:
+        for seg in call.segments:
+            seg.token_ids = []
+            seg.logprobs = None
+    return record
 
 
 def read_finished(path: Path, attempts: int) -> Tuple[List[WorkflowRecord], Set[Tuple[str, str]]]:
@@ -120,8 +131,12 @@ def _check_chunk(records: List[WorkflowRecord], chunk, attempts: int) -> None:
 def run_evaluation(engine, retriever, tokenizer, questions: Sequence, workflow: str, attempts: int, cfg,
                    out_dir: str | os.PathLike, *, method: str = "", chunk_questions: int = 32,
                    run_fn: Optional[RunWorkflows] = None, progress: bool = False,
-                   run_info: Optional[dict] = None, log: Callable[[str], None] = lambda s: None) -> Path:
-    """Run the questions not yet finished in ``out_dir`` and return the records file's path."""
+                   run_info: Optional[dict] = None, keep_token_ids: bool = False,
+                   log: Callable[[str], None] = lambda s: None) -> Path:
+    """Run the questions not yet finished in ``out_dir`` and return the records file's path.
+
+    Records are saved without token ids and sampling log-probs unless ``keep_token_ids``.
+    """
     if workflow not in WORKFLOW_STEPS:
         raise EvalError(f"workflow {workflow!r} is not valid; choose cmas or hmas")
     if attempts < 1 or chunk_questions < 1:
@@ -155,6 +170,8 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, workflow: 
         _check_chunk(records, chunk, attempts)
         for r in records:
             r.method = r.method or method
+            if not keep_token_ids:
+                drop_token_ids(r)
         write_records(path, records, append=True)
         finished += len(chunk)
         _write_run_file(out, settings, len(questions), finished, extra)
@@ -164,7 +181,8 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, workflow: 
 
 def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, workflow: str, attempts: int, cfg,
              out_dir: str | os.PathLike, *, method: str = "", chunk_questions: int = 32,
-             run_fn: Optional[RunWorkflows] = None, progress: bool = False) -> Path:
+             run_fn: Optional[RunWorkflows] = None, progress: bool = False,
+             keep_token_ids: bool = False) -> Path:
     """In-process evaluation for the demo and the trainer's validation.
 
     ``model_or_engine``: an engine (anything with ``generate``), an ``nn.Module`` (wrapped in an HF
@@ -179,7 +197,8 @@ def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, workflo
     if tokenizer is None:
         tokenizer = getattr(engine, "tokenizer", None)
     return run_evaluation(engine, retriever, tokenizer, questions, workflow, attempts, cfg, out_dir,
-                          method=method, chunk_questions=chunk_questions, run_fn=run_fn, progress=progress)
+                          method=method, chunk_questions=chunk_questions, run_fn=run_fn, progress=progress,
+                          keep_token_ids=keep_token_ids)
 
 
 def _is_module(obj) -> bool:

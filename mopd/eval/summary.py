@@ -57,7 +57,7 @@ def summarize(records_by_system: Mapping[str, Sequence[WorkflowRecord]], referen
         raise EvalError(f"reference system {ref_name!r} is not among {runs.systems}")
     ref = runs.systems.index(ref_name)
     out = outcomes(runs)
-    s_count, q_count, k = runs.shape
+    k = runs.k
     n_d = len(runs.datasets)
     di = runs.dataset_index
     names = metric_names(k)

@@ -44,6 +44,9 @@ def test_eval_run_then_report(tiny_model, tmp_path, monkeypatch, capsys):
     recs = read_records(out / "records.jsonl")
     assert sorted((r.question_id, r.attempt) for r in recs) == [(f"q{i}", a) for i in range(3) for a in range(2)]
     assert {r.method for r in recs} == {"model"} and {r.workflow for r in recs} == {"cmas"}
+    segments = [s for r in recs for c in r.calls for s in c.segments]
+    assert segments and all(s.token_ids == [] and s.logprobs is None for s in segments)  # texts only
+    assert any(s.text for s in segments) and all(r.output_tokens > 0 for r in recs)
     run = json.loads((out / "run.json").read_text())
     assert run["settings"]["temperature"] == 0.6 and run["settings"]["max_output_tokens"] == 12
     assert run["finished_questions"] == 3

@@ -124,3 +124,19 @@ def test_evaluate_in_process_with_an_engine(tmp_path):
     assert seen == {"engine": eng, "tokenizer": "tok", "retriever": "ret"}
     s = mopd.eval.summarize({"m": mopd.eval.load_runs([path.parent])[path.parent.name]}, draws=20)
     assert s["accuracy"]["strict"]["m"]["macro"]["avg@2"]["value"] == 1.0
+
+
+def test_token_ids_are_dropped_unless_kept(tmp_path):
+    from mopd.rollout.records import Segment
+
+    def with_segments(*a, **k):
+        recs = FakeRollout()(*a, **k)
+        for r in recs:
+            r.calls[0].segments = [Segment([1, 2], "env", "prompt"), Segment([3], "model", "out", [-0.5])]
+        return recs
+
+    for keep, ids in ((False, [[], []]), (True, [[1, 2], [3]])):
+        path = run_evaluation(None, None, None, _questions(1), "cmas", 1, Config(), tmp_path / str(keep),
+                              run_fn=with_segments, keep_token_ids=keep)
+        segs = read_records(path)[0].calls[0].segments
+        assert [s.token_ids for s in segs] == ids and [s.text for s in segs] == ["prompt", "out"]
