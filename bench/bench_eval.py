@@ -14,10 +14,11 @@ import pytest
 
 from mopd.eval.alignment import align_runs
 from mopd.eval.bootstrap import paired_intervals
+from mopd.eval.loading import read_eval_records
 from mopd.eval.metrics import outcomes, question_metrics
 from mopd.eval.report import load_runs, write_report
 from mopd.eval.summary import summarize
-from mopd.rollout.records import AgentCall, Event, Passage, WorkflowRecord, write_records
+from mopd.rollout.records import AgentCall, Event, Passage, WorkflowRecord, read_records, write_records
 
 SYSTEMS = 5
 DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
@@ -39,7 +40,8 @@ def _records(system: int, rng: random.Random):
                 out.append(WorkflowRecord(
                     question_id=f"{d}-{i}", dataset=d, question="q?", answers=["Paris"], attempt=a,
                     workflow="hmas" if system % 2 else "cmas",
-                    calls=[AgentCall("s0", "searcher", input_tokens=rng.randint(500, 9000), output_tokens=300)],
+                    calls=[AgentCall("s0", "searcher", input_tokens=rng.randint(500, 9000),
+                                     output_tokens=300)],
                     events=[Event("search", 1, text="x", passages=[Passage("p", "t")] * 3) for _ in range(n)]
                     + [Event("report", 2, text="r")],
                     candidates=[cand] if u < 0.98 else []))
@@ -82,6 +84,22 @@ def test_bootstrap_naive_loop_baseline(benchmark, stats):
         return np.percentile(out, [2.5, 97.5], axis=0)
 
     benchmark.pedantic(naive, rounds=3, iterations=1)
+
+
+@pytest.fixture(scope="module")
+def one_file(runs, tmp_path_factory):
+    f = tmp_path_factory.mktemp("bench_eval_one") / "records.jsonl"
+    write_records(f, runs["sys0"])
+    return f
+
+
+def test_read_20k_records_strict_loader_baseline(benchmark, one_file):
+    """The trainer's loader (every field checked), one system's 20,000 records."""
+    benchmark.pedantic(read_records, args=(one_file,), rounds=1, iterations=1)
+
+
+def test_read_20k_records_eval_loader(benchmark, one_file):
+    benchmark.pedantic(read_eval_records, args=(one_file,), rounds=1, iterations=1)
 
 
 def test_summarize_100k_records(benchmark, runs):

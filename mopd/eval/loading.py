@@ -7,10 +7,8 @@ totals, so this loader builds ``WorkflowRecord``s whose calls keep their role an
 not their segments, checking just the fields evaluation reads. The schema version is checked as in
 ``read_records``.
 
-Two paths, same result: first pyarrow's multithreaded JSON reader with an explicit schema of the
-fields evaluation reads (everything else, token ids included, is skipped in C++); if it cannot
-read the file or a row fails a check, the line-by-line reader runs and its error names the file,
-line and field.
+Time goes half to ``json.loads`` and half to building the objects (pyarrow's JSON reader with an
+explicit schema was tried: no faster once rows are turned back into Python objects).
 """
 
 from __future__ import annotations
@@ -103,50 +101,7 @@ def eval_record(d: dict, where: str) -> WorkflowRecord:
 
 
 def read_eval_records(path: str | os.PathLike) -> List[WorkflowRecord]:
-    """All records of a JSONL file, loaded for evaluation (see the module docstring)."""
-    fast = _read_with_arrow(Path(path))
-    return fast if fast is not None else read_eval_records_by_line(path)
-
-
-def _arrow_schema():
-    import pyarrow as pa
-
-    strings = pa.list_(pa.string())
-    call = pa.struct([("call_id", pa.string()), ("role", pa.string()), ("input_tokens", pa.int64()),
-                      ("output_tokens", pa.int64())])
-    passage = pa.struct([("id", pa.string()), ("text", pa.string())])
-    event = pa.struct([("kind", pa.string()), ("step", pa.int64()), ("text", pa.string()),
-                       ("passages", pa.list_(passage))])
-    return pa.schema([("schema_version", pa.int64()), ("question_id", pa.string()), ("dataset", pa.string()),
-                      ("question", pa.string()), ("answers", strings), ("attempt", pa.int64()),
-                      ("method", pa.string()), ("workflow", pa.string()), ("calls", pa.list_(call)),
-                      ("events", pa.list_(event)), ("candidates", strings), ("duration_s", pa.float64())])
-
-
-def _read_with_arrow(path: Path) -> Optional[List[WorkflowRecord]]:
-    """The records via pyarrow, or None when pyarrow is absent or anything does not fit."""
-    try:
-        import pyarrow as pa
-        import pyarrow.json as pj
-    except ImportError:  # pragma: no cover
-        return None
-    try:
-        table = pj.read_json(path, read_options=pj.ReadOptions(block_size=1 << 24),
-                             parse_options=pj.ParseOptions(explicit_schema=_arrow_schema(),
-                                                           unexpected_field_behavior="ignore"))
-        rows = table.to_pylist()
-    except (pa.ArrowException, OSError, ValueError):
-        return None
-    try:
-        # A null is an absent field (the default applies) or a JSON null; a check that fails
-        # either way sends the file to the line-by-line reader, which tells them apart.
-        return [eval_record({k: v for k, v in row.items() if v is not None}, str(path)) for row in rows]
-    except (RecordError, TypeError, ValueError):
-        return None
-
-
-def read_eval_records_by_line(path: str | os.PathLike) -> List[WorkflowRecord]:
-    """The line-by-line reader: slower, and its errors name the file, line and field."""
+    """All records of a JSONL file, loaded for evaluation; errors name the file, line and field."""
     p = Path(path)
     out = []
     with p.open("r", encoding="utf-8") as f:
