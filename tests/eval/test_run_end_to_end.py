@@ -29,6 +29,7 @@ def tiny_model(tmp_path_factory):
                            max_positions=4096)
 
 
+@pytest.mark.slow
 def test_eval_run_then_report(tiny_model, tmp_path, monkeypatch, capsys):
     import mopd.retriever
 
