@@ -11,7 +11,7 @@ Heavy modules (torch, transformers, faiss, bm25s, aiohttp) are imported only whe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from mopd.retriever.bundled import bundled_corpus_path, bundled_index
 from mopd.retriever.client import HttpRetriever, RetrieverUnavailable
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Retriever(Protocol):
-    def search(self, queries: List[str], k: int) -> List[List[Passage]]:
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Batched search: one list per query, best first."""
         ...
 
@@ -39,14 +39,14 @@ def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str =
     return _build(corpus_path, out_dir, encoder=encoder, index_kind=index_kind, **kwargs)
 
 
-def open_retriever(index_dir, **kwargs) -> "LocalRetriever":
+def open_retriever(index_dir, **kwargs) -> LocalRetriever:
     """An in-process retriever over ``index_dir``; see :class:`mopd.retriever.local.LocalRetriever`."""
     from mopd.retriever.local import LocalRetriever
 
     return LocalRetriever(index_dir, **kwargs)
 
 
-def load_retriever(cfg: "RetrieverConfig") -> Retriever:
+def load_retriever(cfg: RetrieverConfig) -> Retriever:
     """``kind=inprocess``: the index directory ``cfg.index`` loaded here (empty: the bundled corpus's
     MiniLM flat index, built into the cache on first use); ``kind=http``: a client of ``cfg.url``."""
     if cfg.kind == "http":
@@ -56,6 +56,21 @@ def load_retriever(cfg: "RetrieverConfig") -> Retriever:
     return open_retriever(cfg.index or bundled_index())
 
 
-__all__ = ["Retriever", "Passage", "format_passages", "load_retriever", "build_index", "open_retriever",
-           "RetrieverUnavailable", "HttpRetriever", "Corpus", "CorpusError", "EncoderUnavailable",
-           "IndexMismatch", "IndexDirError", "INDEX_KINDS", "bundled_corpus_path", "bundled_index"]
+__all__ = [
+    "INDEX_KINDS",
+    "Corpus",
+    "CorpusError",
+    "EncoderUnavailable",
+    "HttpRetriever",
+    "IndexDirError",
+    "IndexMismatch",
+    "Passage",
+    "Retriever",
+    "RetrieverUnavailable",
+    "build_index",
+    "bundled_corpus_path",
+    "bundled_index",
+    "format_passages",
+    "load_retriever",
+    "open_retriever",
+]

@@ -17,18 +17,18 @@ for HNSW/IVF a larger K may search slightly more widely, which can only improve 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-SearchFn = Callable[[Sequence[str], int], Tuple[np.ndarray, np.ndarray]]
+SearchFn = Callable[[Sequence[str], int], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
 class _Pending:
-    queries: List[str]
+    queries: list[str]
     k: int
     future: asyncio.Future
 
@@ -40,7 +40,7 @@ class BatchStats:
     batches: int = 0
     largest_batch: int = 0
     errors: int = 0
-    batch_sizes: List[int] = field(default_factory=list, repr=False)
+    batch_sizes: list[int] = field(default_factory=list, repr=False)
 
 
 class MicroBatcher:
@@ -50,8 +50,8 @@ class MicroBatcher:
         self.enabled = enabled
         self.stats = BatchStats()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
-        self._queue: Optional[asyncio.Queue] = None
-        self._worker: Optional[asyncio.Task] = None
+        self._queue: asyncio.Queue | None = None
+        self._worker: asyncio.Task | None = None
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -67,7 +67,7 @@ class MicroBatcher:
                 pass
         self._executor.shutdown(wait=True)
 
-    async def submit(self, queries: List[str], k: int) -> Tuple[np.ndarray, np.ndarray]:
+    async def submit(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """ids [len(queries), k'] and scores of one request, once its batch has run."""
         self.stats.requests += 1
         self.stats.queries += len(queries)
@@ -85,7 +85,7 @@ class MicroBatcher:
         if len(self.stats.batch_sizes) < 10000:
             self.stats.batch_sizes.append(n)
 
-    async def _collect(self) -> List[_Pending]:
+    async def _collect(self) -> list[_Pending]:
         loop = asyncio.get_running_loop()
         batch = [await self._queue.get()]
         n = len(batch[0].queries)

@@ -19,14 +19,21 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 
 from mopd.retriever.corpus import Corpus
-from mopd.retriever.index_store import (DENSE_KINDS, META_FILE, IndexDirError, IndexMeta, check_kind,
-                                        read_meta, write_meta)
+from mopd.retriever.index_store import (
+    DENSE_KINDS,
+    META_FILE,
+    IndexDirError,
+    IndexMeta,
+    check_kind,
+    read_meta,
+    write_meta,
+)
 
 log = logging.getLogger(__name__)
 BUILD_DIR = "build"
@@ -54,8 +61,8 @@ def _say(msg: str, progress: bool) -> None:
 
 
 def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str = "flat",
-                encoder_path: Optional[str] = None, device: Optional[str] = None, chunk_size: int = 8192,
-                batch_size: int = 64, max_passages: Optional[int] = None, progress: bool = False,
+                encoder_path: str | None = None, device: str | None = None, chunk_size: int = 8192,
+                batch_size: int = 64, max_passages: int | None = None, progress: bool = False,
                 overwrite: bool = False) -> Path:
     """Build (or finish, or reuse) the index of ``corpus_path`` in ``out_dir``; returns ``out_dir``.
 

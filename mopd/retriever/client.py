@@ -10,11 +10,9 @@ once as :class:`RetrieverRequestError` with the server's message. Standard libra
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
-from typing import List, Optional
 
 from mopd.retriever.passage import Passage
 
@@ -35,15 +33,14 @@ class HttpRetriever:
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout_s: float = 30.0, retries: int = 5,
                  backoff_s: float = 0.5, max_queries_per_request: int = 512):
         self.url = url.rstrip("/")
-        if self.url.endswith("/retrieve"):
-            self.url = self.url[: -len("/retrieve")]
+        self.url = self.url.removesuffix("/retrieve")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.max_queries_per_request = max_queries_per_request
 
     def __repr__(self) -> str:
         return f"HttpRetriever({self.url!r})"
 
-    def _call(self, path: str, payload: Optional[dict] = None) -> dict:
+    def _call(self, path: str, payload: dict | None = None) -> dict:
         url = self.url + path
         data = None if payload is None else json.dumps(payload).encode()
         last = ""
@@ -61,7 +58,7 @@ class HttpRetriever:
                     last = f"HTTP {e.code}: {body}"
                     continue
                 raise RetrieverRequestError(f"{url} rejected the request (HTTP {e.code}): {body}") from None
-            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             except json.JSONDecodeError as e:
                 last = f"the answer is not JSON ({e.msg})"
@@ -72,8 +69,8 @@ class HttpRetriever:
     def health(self) -> dict:
         return self._call("/health")
 
-    def search(self, queries: List[str], k: int) -> List[List[Passage]]:
-        out: List[List[Passage]] = []
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        out: list[list[Passage]] = []
         step = self.max_queries_per_request
         for s in range(0, len(queries), step):
             part = list(queries[s:s + step])
@@ -85,7 +82,7 @@ class HttpRetriever:
         return out
 
 
-def parse_result(items: list) -> List[Passage]:
+def parse_result(items: list) -> list[Passage]:
     """One query's result, with scores (``{"document", "score"}``) or bare documents."""
     out = []
     for it in items:

@@ -67,7 +67,13 @@ def _search_options(p: argparse.ArgumentParser) -> None:
 
 
 def _user_errors():
-    from mopd.retriever import CorpusError, EncoderUnavailable, IndexDirError, IndexMismatch, RetrieverUnavailable
+    from mopd.retriever import (
+        CorpusError,
+        EncoderUnavailable,
+        IndexDirError,
+        IndexMismatch,
+        RetrieverUnavailable,
+    )
 
     return (CorpusError, EncoderUnavailable, IndexDirError, IndexMismatch, RetrieverUnavailable)
 

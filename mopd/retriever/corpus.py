@@ -16,8 +16,8 @@ import hashlib
 import json
 import mmap
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def corpus_fingerprint(path: str | os.PathLike, block: int = 1 << 16, samples: i
 def line_starts(path: str | os.PathLike, block: int = _SCAN_BLOCK) -> np.ndarray:
     """Byte offsets of the non-blank lines of a file, scanning it in ``block``-byte steps."""
     size = os.path.getsize(path)
-    starts: List[np.ndarray] = []
+    starts: list[np.ndarray] = []
     with open(path, "rb") as f:
         pos = 0
         while pos < size:
@@ -85,7 +85,7 @@ def line_starts(path: str | os.PathLike, block: int = _SCAN_BLOCK) -> np.ndarray
 class Corpus:
     """Rows of a jsonl corpus, fetched by row number from a memory map."""
 
-    def __init__(self, path: str | os.PathLike, cache_dir: Optional[str | os.PathLike] = None):
+    def __init__(self, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
         self.path = Path(path)
         if not self.path.is_file():
             raise CorpusError(f"corpus file {self.path} does not exist")
@@ -149,9 +149,9 @@ class Corpus:
         d = self.document(row)
         return Passage.from_contents(d["id"], d["contents"], score)
 
-    def contents(self, rows: Sequence[int]) -> List[str]:
+    def contents(self, rows: Sequence[int]) -> list[str]:
         return [self.document(int(r))["contents"] for r in rows]
 
-    def iter_contents(self, start: int = 0, stop: Optional[int] = None) -> Iterator[str]:
+    def iter_contents(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         for r in range(start, len(self) if stop is None else min(stop, len(self))):
             yield self.document(r)["contents"]

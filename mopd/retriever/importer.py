@@ -8,7 +8,6 @@ the FAISS index is line i of the corpus jsonl, as both projects build them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from mopd.retriever.corpus import Corpus
 from mopd.retriever.index_store import IndexDirError, IndexMeta, IndexMismatch, write_meta
@@ -28,7 +27,7 @@ def faiss_kind(index) -> str:
     raise IndexDirError(f"unsupported FAISS index type {type(index).__name__}; flat, IVF and HNSW are supported")
 
 
-def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder_path: Optional[str] = None,
+def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder_path: str | None = None,
                  progress: bool = False) -> Path:
     import faiss
 

@@ -9,8 +9,8 @@ a few million passages; the saved index is memory-mapped when loaded.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, List, Tuple
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class BM25Index:
         return self.n
 
     @classmethod
-    def build(cls, texts: Iterable[str], n: int) -> "BM25Index":
+    def build(cls, texts: Iterable[str], n: int) -> BM25Index:
         import bm25s
 
         tok = _tokenizer()
@@ -44,7 +44,7 @@ class BM25Index:
         model.index(ids, show_progress=False)
         return cls(model, tok, n)
 
-    def search(self, queries: List[str], k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.n)
         q = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
         docs, scores = self.model.retrieve(q, k=k, show_progress=False, n_threads=0)
@@ -57,7 +57,7 @@ class BM25Index:
         self.tokenizer.save_vocab(str(d))
 
     @classmethod
-    def load(cls, index_dir: Path, **_) -> "BM25Index":
+    def load(cls, index_dir: Path, **_) -> BM25Index:
         import bm25s
 
         d = Path(index_dir) / BM25_DIR

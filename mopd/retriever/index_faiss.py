@@ -8,8 +8,8 @@ fp16 storage (``gpu=True``): wiki-18's 65 GB fp32 flat index becomes 32 GB split
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -41,7 +41,7 @@ def new_index(kind: str, dim: int, n: int):
     raise ValueError(f"unknown faiss index kind {kind!r}; choose one of {FAISS_KINDS}")
 
 
-def build_faiss(kind: str, dim: int, n: int, chunks: Iterable[np.ndarray], train_sample: Optional[np.ndarray] = None):
+def build_faiss(kind: str, dim: int, n: int, chunks: Iterable[np.ndarray], train_sample: np.ndarray | None = None):
     """An index of ``kind`` holding the vectors of ``chunks`` (added one chunk at a time)."""
     idx = new_index(kind, dim, n)
     if not idx.is_trained:
@@ -80,7 +80,7 @@ class FaissIndex:
     def __len__(self) -> int:
         return int(self.index.ntotal)
 
-    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(self)))
         return ids.astype(np.int64), scores.astype(np.float32)
 
@@ -90,8 +90,8 @@ class FaissIndex:
         faiss.write_index(self.index, str(Path(out_dir) / INDEX_FILE))
 
     @classmethod
-    def load(cls, index_dir: Path, kind: str = "flat", gpu: bool = False, index_file: Optional[str] = None,
-             nprobe: int = 32, ef_search: int = 128, **_) -> "FaissIndex":
+    def load(cls, index_dir: Path, kind: str = "flat", gpu: bool = False, index_file: str | None = None,
+             nprobe: int = 32, ef_search: int = 128, **_) -> FaissIndex:
         import faiss
 
         path = Path(index_file) if index_file else Path(index_dir) / INDEX_FILE

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Optional, Protocol, Sequence, Tuple, Union
+from typing import Protocol
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class SearchIndex(Protocol):
     kind: str
     needs_text: bool
 
-    def search(self, queries: Union[np.ndarray, Sequence[str]], k: int) -> Tuple[np.ndarray, np.ndarray]: ...
+    def search(self, queries: np.ndarray | Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
 
     def __len__(self) -> int: ...
 
@@ -93,8 +94,8 @@ def read_meta(index_dir: Path) -> IndexMeta:
         raise IndexDirError(f"{p} is not valid index metadata: {e}") from None
 
 
-def check_compatible(meta: IndexMeta, index_dir, encoder: Optional[str] = None,
-                     corpus_fingerprint: Optional[str] = None, corpus_path: Optional[str] = None) -> None:
+def check_compatible(meta: IndexMeta, index_dir, encoder: str | None = None,
+                     corpus_fingerprint: str | None = None, corpus_path: str | None = None) -> None:
     """Raise :class:`IndexMismatch` naming what differs: the query encoder or the corpus."""
     if encoder is not None and meta.kind != "bm25" and encoder != meta.encoder:
         raise IndexMismatch(f"query encoder mismatch: the index at {index_dir} was built with encoder "
@@ -106,7 +107,7 @@ def check_compatible(meta: IndexMeta, index_dir, encoder: Optional[str] = None,
                             f"fingerprint {corpus_fingerprint}; its rows would not match the index's vectors")
 
 
-def open_index(index_dir: Path, meta: IndexMeta, kind: Optional[str] = None, device: Optional[str] = None,
+def open_index(index_dir: Path, meta: IndexMeta, kind: str | None = None, device: str | None = None,
                faiss_gpu: bool = False) -> SearchIndex:
     """Open the search structure of ``index_dir``. ``kind='torch'`` may also open a flat FAISS file
     (its vectors are read out and searched with torch, e.g. on a GPU without faiss-gpu)."""

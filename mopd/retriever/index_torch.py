@@ -10,7 +10,6 @@ whatever N is. Exact, like FAISS flat, and needs no faiss-gpu.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -63,7 +62,7 @@ class TorchIndex:
     def __len__(self) -> int:
         return int(self.database.shape[0])
 
-    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
         q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(self.device, self.dtype)
@@ -76,8 +75,8 @@ class TorchIndex:
         np.save(Path(out_dir) / VECTORS_FILE, vectors)
 
     @classmethod
-    def load(cls, index_dir: Path, device: Optional[str] = None, index_file: Optional[str] = None,
-             **_) -> "TorchIndex":
+    def load(cls, index_dir: Path, device: str | None = None, index_file: str | None = None,
+             **_) -> TorchIndex:
         p = Path(index_dir) / VECTORS_FILE
         if p.is_file() and not index_file:
             vectors = np.load(p, mmap_mode="c")  # copy-on-write map: writable for torch, never copied

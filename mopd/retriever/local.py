@@ -7,8 +7,8 @@ one index call; the HTTP server's micro-batcher relies on that to serve many cli
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,8 +25,8 @@ class LocalRetriever:
     ``kind="torch"`` searches a flat FAISS index's vectors with torch (e.g. on a GPU without
     faiss-gpu); ``faiss_gpu`` moves a flat or IVF index to all GPUs (fp16, sharded)."""
 
-    def __init__(self, index_dir, encoder: Optional[str] = None, corpus_path: Optional[str] = None,
-                 encoder_path: Optional[str] = None, device: Optional[str] = None, kind: Optional[str] = None,
+    def __init__(self, index_dir, encoder: str | None = None, corpus_path: str | None = None,
+                 encoder_path: str | None = None, device: str | None = None, kind: str | None = None,
                  faiss_gpu: bool = False, batch_size: int = 64):
         self.index_dir = Path(index_dir)
         self.meta: IndexMeta = read_meta(self.index_dir)
@@ -50,7 +50,7 @@ class LocalRetriever:
     def kind(self) -> str:
         return self.index.kind
 
-    def search_rows(self, queries: Sequence[str], k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ids [Q, k'] and scores [Q, k'] (k' = min(k, corpus size)) for all queries at once."""
         if not len(queries):
             return np.zeros((0, 0), np.int64), np.zeros((0, 0), np.float32)
@@ -59,12 +59,12 @@ class LocalRetriever:
                 return self.index.search(list(queries), k)
             return self.index.search(self.encoder.encode_queries(list(queries)), k)
 
-    def passages(self, ids: np.ndarray, scores: np.ndarray) -> List[List[Passage]]:
+    def passages(self, ids: np.ndarray, scores: np.ndarray) -> list[list[Passage]]:
         """Look up the rows of a search result (ids < 0, FAISS's 'no result', are dropped)."""
         return [[self.corpus.passage(int(i), float(s)) for i, s in zip(row_i, row_s) if i >= 0]
                 for row_i, row_s in zip(ids, scores)]
 
-    def search(self, queries: List[str], k: int) -> List[List[Passage]]:
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
         return self.passages(*self.search_rows(queries, k))

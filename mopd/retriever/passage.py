@@ -7,7 +7,6 @@ the title and the rest (which may itself hold newlines) is the text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
 
 
 @dataclass
@@ -27,18 +26,18 @@ class Passage:
         return {"id": self.id, "contents": self.contents}
 
     @classmethod
-    def from_contents(cls, id, contents: str, score: float = 0.0) -> "Passage":
+    def from_contents(cls, id, contents: str, score: float = 0.0) -> Passage:
         title, text = split_contents(contents)
         return cls(id=str(id), title=title, text=text, score=float(score))
 
 
-def split_contents(contents: str) -> Tuple[str, str]:
+def split_contents(contents: str) -> tuple[str, str]:
     """``"title\\ntext..."`` -> (title, text). A one-line passage has an empty text."""
     title, _, text = contents.partition("\n")
     return title, text
 
 
-def format_passages(passages: List[Passage]) -> str:
+def format_passages(passages: list[Passage]) -> str:
     """The prompt block of one search result: ``Doc 1(Title: t) text`` lines, best first.
 
     This is Search-R1's layout; wiki-18 titles keep the double quotes the corpus wraps them in."""

@@ -17,7 +17,7 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 from aiohttp import web
 
@@ -38,7 +38,7 @@ class BadRequest(ValueError):
     pass
 
 
-def parse_request(body: Any, limits: ServerLimits) -> Tuple[List[str], int, bool]:
+def parse_request(body: Any, limits: ServerLimits) -> tuple[list[str], int, bool]:
     """Validate a /retrieve body; returns (queries, topk, return_scores) or raises BadRequest."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object {\"queries\": [...], \"topk\": k, \"return_scores\": bool}")
@@ -67,7 +67,7 @@ def parse_request(body: Any, limits: ServerLimits) -> Tuple[List[str], int, bool
     return queries, topk, scores
 
 
-def make_app(retriever, limits: Optional[ServerLimits] = None, max_wait_ms: float = 2.0,
+def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float = 2.0,
              max_batch_queries: int = 512, batching: bool = True):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
     limits = limits or ServerLimits()
@@ -143,11 +143,11 @@ class ServerThread:
     def __init__(self, retriever, host: str = "127.0.0.1", port: int = 0, **kwargs):
         self.retriever, self.host, self.port, self.kwargs = retriever, host, port, kwargs
         self.app = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._runner = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="retrieval-server", daemon=True)
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
 
     @property
     def url(self) -> str:
@@ -176,7 +176,7 @@ class ServerThread:
         loop.run_until_complete(self._runner.cleanup())
         loop.close()
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
@@ -188,7 +188,7 @@ class ServerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -5,10 +5,18 @@ import numpy as np
 import pytest
 
 from mopd.config import RetrieverConfig
-from mopd.retriever import (HttpRetriever, IndexDirError, IndexMismatch, build_index, load_retriever,
-                            open_retriever)
+from mopd.retriever import (
+    HttpRetriever,
+    IndexDirError,
+    IndexMismatch,
+    Retriever,
+    build_index,
+    load_retriever,
+    open_retriever,
+)
 from mopd.retriever.encoders import Encoder
 from mopd.retriever.index_faiss import flat_vectors
+
 from .conftest import N_SMALL
 
 PROBES = [0, 1, 39, 40, 41, 77, 150, N_SMALL - 1]
@@ -109,9 +117,12 @@ def test_resume_after_an_interrupted_build(built, small_corpus, tmp_path, monkey
 
 def test_load_retriever_by_config(built):
     r = load_retriever(RetrieverConfig(kind="inprocess", index=str(built("bm25"))))
+    assert isinstance(r, Retriever)
     assert r.search(["copper market"], 2)[0][0].title
+    with pytest.raises(ValueError, match="k=0"):
+        r.search(["copper market"], 0)
     c = load_retriever(RetrieverConfig(kind="http", url="http://127.0.0.1:9/retrieve", timeout_s=3, retries=2))
-    assert isinstance(c, HttpRetriever) and c.url == "http://127.0.0.1:9" and c.retries == 2
+    assert isinstance(c, Retriever) and isinstance(c, HttpRetriever) and c.url == "http://127.0.0.1:9" and c.retries == 2
 
 
 @pytest.mark.slow

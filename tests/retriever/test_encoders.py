@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 import torch
 
-from mopd.retriever.encoders import ENCODERS, EncoderUnavailable, load_encoder, mean_pool_normalize, resolve_model_path
+from mopd.retriever.encoders import (
+    ENCODERS,
+    EncoderUnavailable,
+    load_encoder,
+    mean_pool_normalize,
+    resolve_model_path,
+)
 
 
 def test_mean_pool_normalize_matches_numpy():

@@ -56,8 +56,8 @@ def test_client_matches_in_process_retriever(server, flat_retriever):
     remote = HttpRetriever(server.url, timeout_s=30, retries=0).search(qs, 4)
     local = flat_retriever.search(qs, 4)
     assert [[p.id for p in r] for r in remote] == [[p.id for p in r] for r in local]
-    for r, l in zip(remote, local):
-        for a, b in zip(r, l):
+    for r, loc in zip(remote, local):
+        for a, b in zip(r, loc):
             assert (a.title, a.text) == (b.title, b.text) and a.score == pytest.approx(b.score, abs=1e-5)
     split = HttpRetriever(server.url, retries=0, max_queries_per_request=2).search(qs, 2)  # 2 requests
     assert [[p.id for p in r] for r in split] == [[p.id for p in r[:2]] for r in local]
