@@ -564,3 +564,53 @@ def describe(cfg: Config) -> str:
         lines.append(f"  {r:9s} {sig}{kl}; pg={spec.pg_coef} entropy={spec.entropy_coef} kl_loss={spec.kl_coef}")
     lines.append(f"  teacher: {cfg.teacher.path or '(none)'}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Tiny-world presets: the same methods with hyperparameters scaled for a 0.5M-parameter model on a
+# 2-core CPU (larger lr, smaller batches, one PPO update per batch, shorter workflows). The demo
+# fills in the model, data, retriever and teacher paths.
+# --------------------------------------------------------------------------------------------
+
+
+def _tiny(cfg: Config, steps: int) -> Config:
+    cfg.trainer = TrainerConfig(steps=steps, questions_per_step=16, ppo_minibatches=1, micro_batch_tokens=8192,
+                                lr=1e-3, grad_clip=1.0, checkpoint_every=10, keep_checkpoints=1, val_every=10)
+    cfg.rollout.group_size = 8
+    cfg.rollout.answer_candidates = 4
+    cfg.rollout.max_input_tokens = 2048
+    cfg.rollout.max_output_tokens = 64
+    cfg.data.dev_size = 40
+    cfg.description = "[tiny world] " + cfg.description
+    return cfg
+
+
+@preset
+def tiny_cmas_rl() -> Config:
+    """cmas_rl scaled for the built-in tiny world (the demo's Stage I)."""
+    cfg = _tiny(cmas_rl(), steps=40)
+    cfg.method = "tiny_cmas_rl"
+    return cfg
+
+
+def _tiny_stage2(base: Config, name: str) -> Config:
+    cfg = _tiny(base, steps=30)
+    cfg.method = name
+    cfg.rollout.max_steps = 8
+    cfg.rollout.max_rounds = 3
+    cfg.rollout.max_searchers_per_wave = 2
+    cfg.rollout.group_size = 6
+    cfg.trainer.questions_per_step = 12
+    return cfg
+
+
+@preset
+def tiny_mopd() -> Config:
+    """mopd scaled for the built-in tiny world (the demo's Stage II)."""
+    return _tiny_stage2(mopd(), "tiny_mopd")
+
+
+@preset
+def tiny_outcome_searcher() -> Config:
+    """outcome_searcher scaled for the built-in tiny world (the demo's ablation)."""
+    return _tiny_stage2(outcome_searcher(), "tiny_outcome_searcher")

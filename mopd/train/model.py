@@ -106,11 +106,42 @@ def packed_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1
     return logp.float()
 
 
+class PackedCausalLM(nn.Module):
+    """A causal LM whose lm-head step is one of our kernels, run inside this module's forward.
+
+    Under FSDP2 this wrapper is the root: the embedding (tied to the lm-head) and the final norm
+    are unsharded for the whole forward, kernels included, and their gradients are reduced by the
+    root's post-backward hooks, exactly as if the lm-head were an ordinary layer.
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, batch: PackedBatch, mode: str = "logprobs", temperature: float = 1.0, **loss_kwargs):
+        hidden = packed_hidden(self.lm, batch)
+        weight = lm_head_weight(self.lm)
+        if mode == "logprobs":
+            from mopd.kernels import linear_logprobs
+
+            logp, _ = linear_logprobs(hidden, weight, batch.targets, temperature=temperature, with_entropy=False)
+            return logp.float()
+        if mode == "loss":
+            import mopd.kernels as kernels
+
+            return kernels.fused_linear_policy_loss(hidden, weight, batch.targets, temperature=temperature,
+                                                    **loss_kwargs)
+        raise ValueError(f"mode must be 'logprobs' or 'loss', not {mode!r}")
+
+
 def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool = True,
-                activation_checkpointing: bool = False, reshard_after_forward: bool = True) -> nn.Module:
-    """FSDP2: ``fully_shard`` every decoder layer, then the root (bf16 params, fp32 reductions on CUDA)."""
+                activation_checkpointing: bool = False, reshard_after_forward: bool = True,
+                root: Optional[nn.Module] = None) -> nn.Module:
+    """FSDP2: ``fully_shard`` every decoder layer of ``model``, then ``root`` (default the model
+    itself; the PackedCausalLM wrapper in training), with bf16 params and fp32 reductions on CUDA."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    root = root if root is not None else model
     layers = _decoder_layers(model)
     if activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -123,8 +154,8 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool = 
     kw = {"mp_policy": mp} if mp is not None else {}
     for layer in layers:
         fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
-    return model
+    fully_shard(root, reshard_after_forward=reshard_after_forward, **kw)
+    return root
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mopd.train.model import (check_same_tokenizer, load_causal_lm, packed_logprobs, resolve_dtype,
-                              shard_model)
+from mopd.train.model import PackedCausalLM, check_same_tokenizer, load_causal_lm, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
 
 
@@ -22,16 +21,17 @@ class Teacher:
         check_same_tokenizer(student_tokenizer, tok, path)
         self.model.eval()
         self.model.requires_grad_(False)
+        self.scorer = PackedCausalLM(self.model)
         if shard:
             if cpu_offload:
                 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
                 for layer in self.model.model.layers:
                     fully_shard(layer, offload_policy=CPUOffloadPolicy())
-                fully_shard(self.model, offload_policy=CPUOffloadPolicy())
+                fully_shard(self.scorer, offload_policy=CPUOffloadPolicy())
             else:
-                shard_model(self.model, device)
+                shard_model(self.model, device, root=self.scorer)
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-        return packed_logprobs(self.model, batch, temperature)
+        return self.scorer(batch, "logprobs", temperature=temperature)

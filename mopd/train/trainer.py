@@ -26,8 +26,7 @@ from mopd.algo.diagnostics import batch_diagnostics
 from mopd.config import ROLES, Config, to_dict, to_yaml
 from mopd.train import checkpoint as ckpt
 from mopd.train.metrics_log import MetricsLogger, plot_training
-from mopd.train.model import (lm_head_weight, load_causal_lm, packed_hidden, packed_logprobs, resolve_dtype,
-                              shard_model)
+from mopd.train.model import PackedCausalLM, load_causal_lm, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch, build_packed_batch, pack_sequences, padding_fraction
 from mopd.train.sampler import QuestionSampler
 from mopd.train.signals import CallRef, compute_advantages, fill_advantages
@@ -79,9 +78,11 @@ class PolicyTrainer:
         self.model, self.tokenizer = load_causal_lm(cfg.model.path, dtype=dtype, device=self.device,
                                                     attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
         self.model.train()
+        self.policy = PackedCausalLM(self.model)
         self.sharded = self.world > 1
         if self.sharded:
-            shard_model(self.model, self.device, activation_checkpointing=cfg.model.activation_checkpointing)
+            shard_model(self.model, self.device, activation_checkpointing=cfg.model.activation_checkpointing,
+                        root=self.policy)
         elif cfg.model.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.specs = role_specs(cfg.algo)
@@ -147,7 +148,9 @@ class PolicyTrainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        self.engine.load_weights(sd.items())
+        # named_parameters() lists a tied weight once (embed_tokens); the state dict has both names.
+        names = {n for n, _ in self.model.named_parameters()} | {n for n, _ in self.model.named_buffers()}
+        self.engine.load_weights((k, v) for k, v in sd.items() if k in names)
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
@@ -171,6 +174,8 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.bad_steps = int(state.get("bad_steps", 0))
         self._sync_engine_weights()
+        if self.rank == 0:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         self.logger.event(self.step, "resume", f"resumed from {latest}")
         return latest
 
@@ -240,7 +245,8 @@ class PolicyTrainer:
         t1 = time.perf_counter()
         refs, batches = self._pack(records)
         temp = cfg.rollout.temperature
-        old_logp = [packed_logprobs(self.model, b, temp) for b in batches]
+        with torch.no_grad():
+            old_logp = [self.policy(b, "logprobs", temperature=temp) for b in batches]
         teacher_logp = None
         if self.teacher is not None:
             teacher_logp = [self.teacher.logprobs(b, temp) for b in batches]
@@ -289,8 +295,6 @@ class PolicyTrainer:
         return out
 
     def _ppo_updates(self, batches, old_logp, teacher_logp) -> Dict[str, float]:
-        from mopd.kernels import fused_linear_policy_loss
-
         cfg = self.cfg
         n_mb = max(1, min(cfg.trainer.ppo_minibatches, len(batches)))
         groups = [list(range(len(batches)))[i::n_mb] for i in range(n_mb)]
@@ -303,12 +307,12 @@ class PolicyTrainer:
             loss_sum = torch.zeros((), device=self.device)
             for b in group:
                 batch = batches[b]
-                hidden = packed_hidden(self.model, batch)
-                loss, stats = fused_linear_policy_loss(
-                    hidden, lm_head_weight(self.model), batch.targets, old_logp[b], batch.advantages, batch.roles,
-                    self.specs, teacher_logp=teacher_logp[b] if teacher_logp is not None else None,
+                loss, stats = self.policy(
+                    batch, "loss", temperature=cfg.rollout.temperature, old_logp=old_logp[b],
+                    advantages=batch.advantages, roles=batch.roles, role_specs=self.specs,
+                    teacher_logp=teacher_logp[b] if teacher_logp is not None else None,
                     clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, dual_clip=cfg.algo.dual_clip,
-                    temperature=cfg.rollout.temperature, normalizer=max(n_tokens, 1.0))
+                    normalizer=max(n_tokens, 1.0))
                 loss.backward()
                 loss_sum = loss_sum + loss.detach()
                 _accumulate_stats(totals, counts, stats)
@@ -416,6 +420,24 @@ class PolicyTrainer:
 
     def close(self) -> None:
         self.logger.close()
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines of steps after the checkpoint we resume from (they will be redone)."""
+    if not path.is_file():
+        return
+    import json
+
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) <= step:
+                keep.append(line)
+        except (ValueError, TypeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 def _retriever_errors():

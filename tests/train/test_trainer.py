@@ -76,14 +76,15 @@ def test_teacher_with_other_tokenizer_is_a_clear_error(tiny_model_dir, qa_file, 
 
 
 def test_resume_is_exact(tiny_model_dir, qa_file, tmp_path):
-    a = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "a", **{"trainer.steps": 4})
+    small = {"trainer.steps": 4, "trainer.questions_per_step": 1, "rollout.max_output_tokens": 6}
+    a = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "a", **small)
     a.fit(4)
     straight = params(a.model)
 
-    b = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "b", **{"trainer.steps": 4})
+    b = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "b", **small)
     b.fit(2)
     del b
-    c = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "b", resume=True, **{"trainer.steps": 4})
+    c = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "b", resume=True, **small)
     assert c.step == 2
     c.fit(4)
     resumed = params(c.model)
@@ -129,6 +130,7 @@ def test_fixed_batch_loss_goes_down(tiny_model_dir, qa_file, tmp_path):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
 def test_nonfinite_loss_is_skipped_logged_then_stops(tiny_model_dir, qa_file, tmp_path, monkeypatch):
     import mopd.kernels as kernels
 

@@ -1,0 +1,22 @@
+"""Worker for the 2-process test: `torchrun --nproc_per_node 2 dist_worker.py MODEL QA OUT`."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import FakeRetriever, tiny_overrides  # noqa: E402
+from mopd.config import resolve  # noqa: E402
+from mopd.train.trainer import PolicyTrainer  # noqa: E402
+
+model_dir, qa, out = sys.argv[1:4]
+resume = len(sys.argv) > 4 and sys.argv[4] == "resume"
+cfg = resolve("cmas_rl", tiny_overrides(model_dir, qa, out, **{"trainer.steps": 3}))
+t = PolicyTrainer(cfg, retriever=FakeRetriever(), progress=False, resume=resume)
+start = t.step
+m = t.fit(2 if not resume else 3)
+t.export(Path(out) / "export")
+digest = float(sum(p.full_tensor().double().sum() for p in t.model.parameters()))
+print("RESULT", json.dumps({"rank": t.rank, "start": start, "step": t.step, "loss": m["loss/total"],
+                            "digest": digest}), flush=True)
