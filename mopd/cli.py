@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "mopd.data.commands",
     "mopd.eval.score_commands",
     "mopd.train.commands",
+    "mopd.demo_commands",
     "mopd.eval.commands",
     "mopd.retriever.commands",
     "mopd.rollout.commands",
