@@ -3,7 +3,8 @@
 All requests of a call (and their ``n`` samples) become rows of one left-padded batch, sorted by
 prompt length and cut into chunks of at most ``max_batch_rows`` to limit padding. Each chunk is
 one prefill and then one decode step per token with the KV cache; rows that finish (EOS, a stop
-string, or their own token limit) are dropped from the batch and the cache at once.
+string, or their own token limit) stop sampling at once and are dropped from the batch and the
+cache as soon as they make up a quarter of it.
 
 Left padding keeps every row's last prompt token at the same column; position ids are counted
 from each row's first real token, so a padded row sees exactly the positions it would alone.
@@ -19,6 +20,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.rollout.prefix_store import LayerKV, PrefixStore
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
 
 
@@ -40,7 +42,8 @@ class HFEngine:
     model where the trainer keeps it), or use :meth:`from_pretrained` for an engine-owned copy.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch_rows: int = 256, owns_model: bool = False):
+    def __init__(self, model, tokenizer, *, max_batch_rows: int = 256, owns_model: bool = False,
+                 prefix_cache_mb: int = 512):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
@@ -53,10 +56,12 @@ class HFEngine:
         self._device = None
         self._asleep = False
         self._cache_arg: Optional[str] = None
+        self.prefix_store = PrefixStore(prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
+        self._weights_seen = None
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: str = "auto", device: Optional[str] = None,
-                        max_batch_rows: int = 256) -> "HFEngine":
+                        max_batch_rows: int = 256, prefix_cache_mb: int = 512) -> "HFEngine":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -67,7 +72,8 @@ class HFEngine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         model.eval()
-        return cls(model, tokenizer, max_batch_rows=max_batch_rows, owns_model=True)
+        return cls(model, tokenizer, max_batch_rows=max_batch_rows, owns_model=True,
+                   prefix_cache_mb=prefix_cache_mb)
 
     # ------------------------------------------------------------------------------------
     # Engine protocol
@@ -79,6 +85,7 @@ class HFEngine:
                 raise ValueError(f"request {i} has an empty prompt")
             for j in range(req.params.n):
                 rows.append((i, j, req.prompt_ids, req.params, row_generator(req.params.seed, j)))
+        self._check_weights()
         out: List[List[Optional[Completion]]] = [[None] * r.params.n for r in requests]
         order = sorted(range(len(rows)), key=lambda k: len(rows[k][2]))
         with self._eval_mode():
@@ -87,6 +94,14 @@ class HFEngine:
                 for (i, j, *_), completion in zip(chunk, self._generate_rows(chunk)):
                     out[i][j] = completion
         return out  # type: ignore[return-value]
+
+    def _check_weights(self) -> None:
+        """Clear the prefix cache when any parameter changed since the last call: every in-place
+        update (an optimizer step on a shared model, load_weights) bumps a tensor's version."""
+        seen = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        if seen != self._weights_seen and self.prefix_store is not None:
+            self.prefix_store.clear()
+        self._weights_seen = seen
 
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the parameters and buffers of the same names; tensors that already
@@ -103,7 +118,9 @@ class HFEngine:
                 dst.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
 
     def sleep(self) -> None:
-        """Owned model on CUDA: move it to CPU and free the cached blocks; otherwise nothing."""
+        """Drop the prefix cache; an owned model on CUDA also moves to CPU and frees its blocks."""
+        if self.prefix_store is not None:
+            self.prefix_store.clear()
         if self.owns_model and not self._asleep and self.device.type == "cuda":
             self._device = self.device
             self.model.to("cpu")
@@ -140,20 +157,70 @@ class HFEngine:
                          use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
         return out.logits[:, -1, :]
 
-    def _generate_rows(self, rows) -> List[Completion]:
+    def _prefill(self, prompts: List[List[int]]):
+        """One forward over distinct prompts, reusing stored prefixes: returns the cache, the
+        last logits and the attention mask [U, width].
+
+        Layout: a block of reused keys/values (each row's prefix right-aligned), then the block of
+        tokens to prefill (each row's rest right-aligned); the mask marks the real columns, so a
+        row may have padding between its two parts. Position ids count real columns only, so
+        every real token has the position it has in its own sequence.
+        """
         from transformers import DynamicCache
 
         device = self.device
-        n = len(rows)
-        lengths = [len(r[2]) for r in rows]
-        width = max(lengths)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for k, r in enumerate(rows):
-            ids[k, width - lengths[k]:] = torch.tensor(r[2], dtype=torch.long)
-            mask[k, width - lengths[k]:] = 1
+        hits = [self.prefix_store.take(p) if self.prefix_store is not None else None for p in prompts]
+        done = [h[0] if h else 0 for h in hits]
+        rest = [p[d:] for p, d in zip(prompts, done)]
+        wp, ws = max(done), max(len(r) for r in rest)
+        ids = torch.full((len(prompts), ws), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), wp + ws), dtype=torch.long)
+        for u, (d, r) in enumerate(zip(done, rest)):
+            ids[u, ws - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[u, wp - d:wp] = 1
+            mask[u, wp + ws - len(r):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        if wp:
+            ref = next(h[1] for h in hits if h)
+            for layer, (k0, v0) in enumerate(ref):
+                keys = k0.new_zeros((len(prompts), k0.shape[0], wp, k0.shape[2]))
+                values = v0.new_zeros((len(prompts), v0.shape[0], wp, v0.shape[2]))
+                for u, h in enumerate(hits):
+                    if h:
+                        keys[u, :, wp - h[0]:] = h[1][layer][0]
+                        values[u, :, wp - h[0]:] = h[1][layer][1]
+                cache.update(keys, values, layer)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, wp:]
+        return cache, self._forward(ids, mask, positions, cache), mask
+
+    def _store(self, cache, mask, batch_rows: List[int], sequences: List[List[int]]) -> None:
+        """Keep the keys/values of finished rows: batch row b holds sequences[b] minus its last
+        token (sampled, never fed), in the first real columns of the mask."""
+        if self.prefix_store is None:
+            return
+        layers = _layer_kv(cache)
+        for b, seq in zip(batch_rows, sequences):
+            n = len(seq) - 1
+            cols = mask[b].nonzero().squeeze(-1)[:n]
+            kv: LayerKV = [(k[b, :, cols].clone(), v[b, :, cols].clone()) for k, v in layers]
+            self.prefix_store.put(seq[:-1], kv)
+
+    def _generate_rows(self, rows) -> List[Completion]:
+        device = self.device
+        n = len(rows)
+        # Rows with the same prompt (the n samples of a request) share one prefill; its cache rows
+        # are then copied.
+        unique: dict = {}
+        src = [unique.setdefault(tuple(r[2]), len(unique)) for r in rows]
+        prompts: List[List[int]] = [[] for _ in unique]
+        for r, u in zip(rows, src):
+            prompts[u] = r[2]
+        cache, logits, mask = self._prefill(prompts)
+        if len(prompts) < n:
+            idx = torch.tensor(src, device=device)
+            cache.batch_select_indices(idx)
+            logits, mask = logits[idx], mask[idx]
         params = [r[3] for r in rows]
         temperature = torch.tensor([p.temperature for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device)
@@ -164,15 +231,17 @@ class HFEngine:
         logprobs: List[List[float]] = [[] for _ in rows]
         reasons: List[Optional[str]] = [None] * n
 
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, cache)
-        alive = list(range(n))  # original row index of each batch row
-        next_pos = positions[:, -1] + 1
-        while alive:
-            tok, lp = sample_step(logits, temperature, top_p, draw_uniforms([gens[k] for k in alive], device))
+        rows_in_batch = list(range(n))  # original row index of each batch row
+        running = [True] * n  # per batch row: still generating
+        next_pos = mask.sum(-1)
+        while True:
+            u = torch.zeros(len(rows_in_batch), dtype=torch.float64)
+            live = [b for b, r in enumerate(running) if r]
+            u[live] = draw_uniforms([gens[rows_in_batch[b]] for b in live], "cpu")
+            tok, lp = sample_step(logits, temperature, top_p, u.to(device))
             tok_l, lp_l = tok.tolist(), lp.float().tolist()
-            keep = []
-            for b, k in enumerate(alive):
+            for b in live:
+                k = rows_in_batch[b]
                 tokens[k].append(tok_l[b])
                 logprobs[k].append(lp_l[b])
                 if tok_l[b] in self.eos_ids or stops[k].hit(tokens[k]):
@@ -180,17 +249,35 @@ class HFEngine:
                 elif len(tokens[k]) >= limits[k]:
                     reasons[k] = "length"
                 else:
-                    keep.append(b)
+                    continue
+                running[b] = False
+            keep = [b for b, r in enumerate(running) if r]
             if not keep:
+                self._store(cache, mask, list(range(len(running))),
+                            [rows[k][2] + tokens[k] for k in rows_in_batch])
                 break
-            if len(keep) < len(alive):
+            # Drop finished rows once they are a quarter of the batch: each drop copies the whole
+            # KV cache, so dropping every row the moment it ends costs more than it saves.
+            if 4 * (len(running) - len(keep)) >= len(running):
+                ended = [b for b, r in enumerate(running) if not r]
+                self._store(cache, mask, ended, [rows[rows_in_batch[b]][2] + tokens[rows_in_batch[b]]
+                                                 for b in ended])
                 idx = torch.tensor(keep, device=device)
                 cache.batch_select_indices(idx)
                 mask, tok, next_pos = mask[idx], tok[idx], next_pos[idx]
                 temperature, top_p = temperature[idx], top_p[idx]
-                alive = [alive[b] for b in keep]
+                rows_in_batch = [rows_in_batch[b] for b in keep]
+                running = [True] * len(keep)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
         return [Completion(token_ids=tokens[k], logprobs=logprobs[k], finish_reason=reasons[k] or "length",
                            text=self.tokenizer.decode(tokens[k], skip_special_tokens=True)) for k in range(n)]
+
+
+def _layer_kv(cache) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of every layer of a DynamicCache, [B, kv_heads, T, head_dim] each
+    (transformers 5 keeps them in ``cache.layers``, 4.x in ``key_cache``/``value_cache``)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))

@@ -3,7 +3,8 @@
 Batch invariance: every sampled row owns a CPU ``torch.Generator`` seeded from its request's seed
 and its sample index, and draws exactly one uniform per step. A token is then drawn by inverse-CDF
 on the row's (top-p filtered) distribution, so what a row samples depends only on its own logits
-and seed, never on which other rows share the batch, and CPU and CUDA draw the same uniforms.
+and seed, never on which other rows share the batch (each row takes the same path whatever the
+others' settings), and CPU and CUDA draw the same uniforms.
 """
 
 from __future__ import annotations
@@ -52,18 +53,22 @@ def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     logp = torch.log_softmax(logits / t[:, None], dim=-1)
     probs = logp.exp()
-    # Inverse CDF over tokens sorted by probability, truncated to the top-p nucleus (the smallest
-    # prefix whose mass reaches top_p; the most likely token is always kept).
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    before = sorted_p.cumsum(dim=-1) - sorted_p
-    keep = before < top_p.float()[:, None]
-    keep[:, 0] = True
-    kept = sorted_p * keep
-    cdf = kept.cumsum(dim=-1).double()
-    target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
-    j = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    j = torch.minimum(j, keep.sum(dim=-1) - 1)
-    sampled = order.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    u = uniforms.double().unsqueeze(-1)
+    # Rows without a nucleus: inverse CDF over the vocabulary in id order (no sort).
+    cdf = probs.cumsum(dim=-1).double()
+    j = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    sampled = torch.minimum(j, torch.full_like(j, probs.shape[-1] - 1))
+    nucleus = (top_p < 1).nonzero().squeeze(-1)
+    if nucleus.numel():
+        # Rows with top-p < 1: inverse CDF over tokens sorted by probability, truncated to the
+        # nucleus (the smallest prefix whose mass reaches top_p; the top token is always kept).
+        sorted_p, order = probs[nucleus].sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p[nucleus].float()[:, None]
+        keep[:, 0] = True
+        ncdf = (sorted_p * keep).cumsum(dim=-1).double()
+        jn = torch.searchsorted(ncdf, u[nucleus] * ncdf[:, -1:], right=True).squeeze(-1)
+        jn = torch.minimum(jn, keep.sum(dim=-1) - 1)
+        sampled[nucleus] = order.gather(-1, jn.unsqueeze(-1)).squeeze(-1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 

@@ -147,3 +147,12 @@ def test_generation_restores_training_mode_and_shared_weights_are_not_copied(tin
         engine.load_weights([("nope.weight", torch.zeros(1))])
     engine.sleep()
     engine.wake()
+
+
+def test_a_row_samples_the_same_next_to_rows_with_other_settings(hf_engine, tokenizer):
+    plain = requests(tokenizer, n=2, max_new_tokens=12, seed=21)[0]
+    nucleus = GenerationRequest(plain.prompt_ids, SamplingParams(n=2, top_p=0.5, temperature=0.5,
+                                                                 max_new_tokens=5, seed=4))
+    alone = hf_engine.generate([plain])[0]
+    mixed = hf_engine.generate([nucleus, plain])[1]
+    assert [c.token_ids for c in alone] == [c.token_ids for c in mixed]
