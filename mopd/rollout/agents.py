@@ -20,8 +20,14 @@ from typing import List, Optional
 from mopd.eval.scoring import extract_answer
 from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher
 from mopd.rollout.engine import Completion, GenerationRequest
-from mopd.rollout.prompts import (Report, leader_feedback, render_answerer_prompt, render_leader_prompt,
-                                  render_searcher_prompt, searcher_feedback)
+from mopd.rollout.prompts import (
+    Report,
+    leader_feedback,
+    render_answerer_prompt,
+    render_leader_prompt,
+    render_searcher_prompt,
+    searcher_feedback,
+)
 from mopd.rollout.records import AgentCall
 from mopd.rollout.run_state import RunContext, to_record_passages
 from mopd.rollout.transcript import Transcript

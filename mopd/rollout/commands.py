@@ -86,7 +86,7 @@ def _rollout(args) -> int:
         raise UserError(f"model directory {args.model} does not exist")
     cfg = resolve(args.preset or f"{args.workflow or 'cmas'}_base", args.overrides)
     workflow = args.workflow or cfg.rollout.workflow
-    questions, report = load_questions(args.data, skip_malformed=cfg.data.skip_malformed)
+    questions, _report = load_questions(args.data, skip_malformed=cfg.data.skip_malformed)
     questions = questions[:args.limit] if args.limit else questions
     if not questions:
         raise UserError(f"{args.data} holds no questions")

@@ -67,9 +67,9 @@ class VLLMEngine:
                  enable_sleep_mode: bool = True):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self._vllm = import_vllm()
-        kwargs = dict(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
-                      tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                      enable_sleep_mode=enable_sleep_mode, logprobs_mode="processed_logprobs")
+        kwargs = {"model": model_path, "gpu_memory_utilization": gpu_memory_utilization,
+                  "tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "seed": seed,
+                  "enable_sleep_mode": enable_sleep_mode, "logprobs_mode": "processed_logprobs"}
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
         if tensor_parallel_size > 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from mopd.config import RolloutConfig
 from mopd.data.qa import QAExample
 from mopd.rollout.scheduler import run_workflows
@@ -34,7 +36,7 @@ def check_call_layout(call, tokenizer):
     counts match the segments."""
     sources = [s.source for s in call.segments]
     assert sources[0] == "env"
-    assert all(a != b for a, b in zip(sources, sources[1:])), sources
+    assert all(a != b for a, b in itertools.pairwise(sources)), sources
     mask = call.loss_mask()
     assert len(mask) == len(call.token_ids()) == len(call.sampling_logprobs())
     assert sum(mask) == sum(len(s.token_ids) for s in call.segments if s.source == "model") == call.output_tokens

@@ -18,7 +18,7 @@ def searcher_then_answer(searcher_turns, answer="<answer>Town0</answer>"):
 
 
 def test_search_then_report(tokenizer):
-    (rec,), engine, retriever = run_scripted(
+    (rec,), _engine, retriever = run_scripted(
         tokenizer, searcher_then_answer(["<think>find it</think><search>band 0 formed</search>",
                                          "<report>Band 0 was formed in Town0.</report>"]))
     assert kinds(rec) == ["search", "report", "answer"]
@@ -50,7 +50,7 @@ def test_several_searches_then_forced_report_at_the_last_searcher_step(tokenizer
             return f"<search>query {t}</search>" if t < 4 else "<report>found</report>"
         return "<answer>x</answer>"
 
-    (rec,), engine, retriever = run_scripted(tokenizer, respond, max_steps=5)
+    (rec,), _engine, _retriever = run_scripted(tokenizer, respond, max_steps=5)
     assert rec.search_actions == 3 and rec.returned_passages == 9
     assert [e.text for e in rec.events_of("search")] == ["query 1", "query 2", "query 3"]
     # steps 1-3 search, step 4 = max_steps-1 is forced to report, step 5 answers
@@ -84,7 +84,7 @@ def test_invalid_tags_are_recorded_and_re_asked(tokenizer):
     for text in bad:
         seen = []
 
-        def respond(prompt, params, text=text):
+        def respond(prompt, params, text=text, seen=seen):
             if role_of(prompt) == "searcher":
                 seen.append(last_user(prompt))
                 return text if turn_of(prompt) == 1 else "<report>ok</report>"

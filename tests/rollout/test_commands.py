@@ -10,7 +10,7 @@ from mopd.rollout.records import read_records
 
 @pytest.fixture(scope="module")
 def bm25_index(tmp_path_factory):
-    from mopd.retriever import bundled_corpus_path, build_index
+    from mopd.retriever import build_index, bundled_corpus_path
 
     return build_index(bundled_corpus_path(), tmp_path_factory.mktemp("idx") / "bm25", index_kind="bm25")
 

@@ -6,6 +6,8 @@ after a newline it writes ``<search>band</search>``, which gives real searches, 
 multi-turn Searcher calls.
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -56,7 +58,7 @@ def steered(request, hf_engine, tokenizer):
         return ids[0]
 
     chain = [one(t) for t in STEER[request.param]]
-    steer = BigramSteer(hf_engine.model, dict(zip(chain, chain[1:])))
+    steer = BigramSteer(hf_engine.model, dict(itertools.pairwise(chain)))
     yield hf_engine
     steer.remove()
 

@@ -44,10 +44,10 @@ def test_wave_of_three_then_select_a_subset(tokenizer):
     reports_turn = leader.segments[2].text
     assert "Report 1 (task: A):\nR(A)" in reports_turn and "Report 3 (task: C):\nR(C)" in reports_turn
     # the Answerer reads reports 1 and 3 only, in the selected order
-    answer_prompt = [p for r, p in log if r == "answerer"][0]
+    answer_prompt = next(p for r, p in log if r == "answerer")
     assert "Report 1: R(A)\nReport 2: R(C)\n\nQuestion:" in answer_prompt and "R(B)" not in answer_prompt
     # the H-MAS Searcher prompt names the subtask and the original question
-    first_searcher = [p for r, p in log if r == "searcher"][0]
+    first_searcher = next(p for r, p in log if r == "searcher")
     assert "Your task: A\nIt is part of the question: Where was band 0 formed?" in first_searcher
     for call in rec.calls:
         check_call_layout(call, tokenizer)
@@ -144,7 +144,7 @@ def test_answerer_candidates_and_no_reports(tokenizer):
                               max_steps=4, candidates=3)
     # the Leader never delegates: forced at step 2 (= max_steps-2), fallback select of nothing
     assert rec.steps == 3 and rec.events_of("select")[0].selection == []
-    assert prompts.NO_REPORTS in [p for r, p in log if r == "answerer"][0]
+    assert prompts.NO_REPORTS in next(p for r, p in log if r == "answerer")
     assert rec.candidates == outs and rec.final_answer is None
     assert [c.invalid for c in rec.calls_of("answerer")] == [False, False, True]
 

@@ -3,8 +3,8 @@
 import pytest
 
 from mopd.config import RolloutConfig
-from mopd.rollout.scheduler import new_run, run_steps, run_workflows
 from mopd.rollout.run_state import WorkflowSettings
+from mopd.rollout.scheduler import new_run, run_steps, run_workflows
 
 from .fakes import FakeRetriever, ScriptedEngine, role_of, turn_of
 from .helpers import questions, run_scripted
@@ -17,7 +17,7 @@ def two_searches(prompt, params):
 
 
 def test_all_calls_of_a_step_go_in_one_batch(tokenizer):
-    recs, engine, retriever = run_scripted(tokenizer, two_searches, n_questions=5, attempts=2, candidates=3)
+    _recs, engine, retriever = run_scripted(tokenizer, two_searches, n_questions=5, attempts=2, candidates=3)
     # S1, S2 search, S3 reports, A4: four steps, one generate() and at most one search() each
     assert [len(b) for b in engine.batches] == [10, 10, 10, 10]
     assert [len(b) for b in retriever.batches] == [10, 10]
