@@ -41,9 +41,11 @@ def make_inputs(T, H, V, seed=0):
     targets = torch.randint(0, V, (T,), generator=g)
     with torch.no_grad():
         logp, _ = linear_logprobs(hidden, weight, targets, backend="torch")
-    return dict(hidden=hidden, weight=weight, targets=targets, old_logp=logp + 0.1 * torch.randn(T, generator=g),
+    return dict(hidden=hidden, weight=weight, targets=targets,
+                old_logp=logp + 0.1 * torch.randn(T, generator=g),
                 advantages=torch.randn(T, generator=g), roles=torch.randint(-1, 3, (T,), generator=g),
-                teacher_logp=logp - torch.rand(T, generator=g), ref_logp=logp + 0.1 * torch.randn(T, generator=g))
+                teacher_logp=logp - torch.rand(T, generator=g),
+                ref_logp=logp + 0.1 * torch.randn(T, generator=g))
 
 
 def op_fn(op, backend, inp):
@@ -58,9 +60,9 @@ def op_fn(op, backend, inp):
 
     def loss_fwd_bwd():
         h.grad = w.grad = None
-        loss, _ = fused_linear_policy_loss(h, w, inp["targets"], inp["old_logp"], inp["advantages"], inp["roles"],
-                                           SPECS, teacher_logp=inp["teacher_logp"], ref_logp=inp["ref_logp"],
-                                           backend=backend)
+        loss, _ = fused_linear_policy_loss(h, w, inp["targets"], inp["old_logp"], inp["advantages"],
+                                           inp["roles"], SPECS, teacher_logp=inp["teacher_logp"],
+                                           ref_logp=inp["ref_logp"], backend=backend)
         loss.backward()
     return loss_fwd_bwd
 
@@ -130,14 +132,16 @@ def main():
     p.add_argument("--ops", default="loss,scoring")
     args = p.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("| op | T, H, V | reference time | torch time | time ratio | reference peak | torch peak | memory ratio |")
+    print("| op | T, H, V | reference time | torch time | time ratio | reference peak | torch peak "
+          "| memory ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         for op in args.ops.split(","):
             r = measure(shape, op, args.rounds)
             T, H, V = SHAPES[shape]
-            print(f"| {op} | {T}, {H}, {V} | {r['ref_s']:.2f} s | {r['torch_s']:.2f} s | {r['time_ratio']:.2f}x | "
-                  f"{r['ref_peak_mib']:.0f} MiB | {r['torch_peak_mib']:.0f} MiB | {r['mem_ratio']:.3f} |", flush=True)
+            print(f"| {op} | {T}, {H}, {V} | {r['ref_s']:.2f} s | {r['torch_s']:.2f} s | "
+                  f"{r['time_ratio']:.2f}x | {r['ref_peak_mib']:.0f} MiB | {r['torch_peak_mib']:.0f} MiB | "
+                  f"{r['mem_ratio']:.3f} |", flush=True)
             print(f"<!-- rounds (s): reference {[round(x, 2) for x in r['times']['reference']]}, "
                   f"torch {[round(x, 2) for x in r['times']['torch']]} -->", flush=True)
 

@@ -10,14 +10,15 @@
 # With $OUT set, the JSON summary goes to $OUT/kernels_gpu.json and the log to $OUT/kernels_gpu.log.
 # Liger's fused linear cross entropy is timed when liger_kernel imports, or when a wheel was carried
 # in .whl/ (here: `pip download --no-deps -d .whl liger-kernel`, then carry .whl).
-# Python: $PYTHON if set, else python3 (the GPU image's, with CUDA torch).
+# Python: $PYTHON if set, else python3 (the GPU image's, with CUDA torch); .venv/bin/python for --dry-run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 dry=0
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
+PY="${PYTHON:-python3}"
+if [ -z "${PYTHON:-}" ] && [ "$dry" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 if [ "$dry" = 0 ] && ! "$PY" -c 'import liger_kernel' 2>/dev/null; then
   for whl in .whl/liger_kernel-*.whl; do
     [ -f "$whl" ] && "$PY" -m pip install -q --no-deps --no-index "$whl" && echo "INFO installed $whl"

@@ -56,8 +56,13 @@ if ARGS.dry_run:
 
 import torch  # noqa: E402
 
-from mopd.kernels import (RoleSpec, fused_linear_policy_loss, linear_logprobs,  # noqa: E402
-                          reference_linear_logprobs, stats_to_floats)
+from mopd.kernels import (  # noqa: E402
+    RoleSpec,
+    fused_linear_policy_loss,
+    linear_logprobs,
+    reference_linear_logprobs,
+    stats_to_floats,
+)
 from mopd.kernels.memtrack import TensorMemoryTracker  # noqa: E402
 
 LINES = []
@@ -170,7 +175,8 @@ def check_correctness(device, shapes, summary):
                 e_h = rel(grads["triton"][0], grads["reference"][0])
                 e_w = rel(grads["triton"][1], grads["reference"][1])
                 row["logprobs_grad"] = dict(grad_hidden=e_h, grad_weight=e_w)
-                report(max(e_h, e_w) <= tol[dtype][1], f"linear_logprobs backward triton == reference [{name}]",
+                report(max(e_h, e_w) <= tol[dtype][1],
+                       f"linear_logprobs backward triton == reference [{name}]",
                        f"grad_h {e_h:.1e}, grad_w {e_w:.1e}")
             except Exception as e:  # a crash is a failed check, and the run goes on
                 traceback.print_exc()
@@ -268,8 +274,9 @@ def run_timings(device, T, H, V, timer, summary):
     res = {}
 
     # the floor: the three matmuls the fused loss needs, same shapes, same run
-    buf = dict(z=torch.empty(T, V, device=device, dtype=dtype), gh=torch.empty(T, H, device=device, dtype=dtype),
-               gw=torch.empty(V, H, device=device, dtype=dtype))
+    buf = {"z": torch.empty(T, V, device=device, dtype=dtype),
+           "gh": torch.empty(T, H, device=device, dtype=dtype),
+           "gw": torch.empty(V, H, device=device, dtype=dtype)}
 
     def floor():
         torch.mm(inp["hidden"], inp["weight"].T, out=buf["z"])
@@ -411,8 +418,9 @@ def main():
         "python": platform.python_version(),
     }
     try:
-        import liger_kernel  # noqa: F401
         from importlib.metadata import version
+
+        import liger_kernel  # noqa: F401
 
         summary["liger_kernel"] = version("liger-kernel")
     except Exception:

@@ -22,8 +22,14 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 
 from mopd.kernels import chunked, reference
-from mopd.kernels.roles import (RoleSpec, check_backend, check_linear_inputs, check_loss_inputs,
-                                check_temperature, role_table)
+from mopd.kernels.roles import (
+    RoleSpec,
+    check_backend,
+    check_linear_inputs,
+    check_loss_inputs,
+    check_temperature,
+    role_table,
+)
 from mopd.kernels.terms import role_stats, token_terms
 
 Stats = Dict[int, Dict[str, torch.Tensor]]
@@ -165,7 +171,8 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
         logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
     else:
         logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
-            hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend, int(chunk_rows or 0))
+            hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend,
+            int(chunk_rows or 0))
     return logp, (entropy if with_entropy else None)
 
 
@@ -245,13 +252,15 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
 
     def run():
         p = chunked.policy_loss_pass(
-            hidden.detach().contiguous(), weight.detach(), targets.contiguous(), old, adv, roles, table, teacher,
-            ref, clip_low, clip_high, dual_clip, float(temperature), row_pass_for(backend), need_h, need_w,
-            grad_scale=grad_scale, has_entropy_term=has_entropy_term, chunk_rows=chunk_rows)
+            hidden.detach().contiguous(), weight.detach(), targets.contiguous(), old, adv, roles, table,
+            teacher, ref, clip_low, clip_high, dual_clip, float(temperature), row_pass_for(backend),
+            need_h, need_w, grad_scale=grad_scale, has_entropy_term=has_entropy_term, chunk_rows=chunk_rows)
         n = p.logp.numel()
-        pick = (lambda x: x) if p.index is None else (lambda x: None if x is None else x.index_select(0, p.index))
-        old_a, adv_a, teacher_a, ref_a = pick(old), pick(adv), pick(teacher), pick(ref)
-        role_a = pick(roles)
+
+        def pick(x):
+            return x if x is None or p.index is None else x.index_select(0, p.index)
+
+        old_a, adv_a, teacher_a, ref_a, role_a = map(pick, (old, adv, teacher, ref, roles))
         terms = token_terms(p.logp, p.entropy, old_a, adv_a, role_a, table, teacher_a, ref_a,
                             clip_low, clip_high, dual_clip)
         if tensor_norm:

@@ -80,7 +80,9 @@ def reference_policy_loss(hidden, weight, targets, old_logp, advantages, roles,
         n = int(mask.sum())
         d = max(n, 1)
         with torch.no_grad():
-            opd = (teacher_logp.float()[mask] - old).sum() / d if teacher_logp is not None else torch.tensor(0.0)
+            opd = torch.tensor(0.0)
+            if teacher_logp is not None:
+                opd = (teacher_logp.float()[mask] - old).sum() / d
             stats[r] = {
                 "tokens": torch.tensor(float(n)),
                 "advantage_mean": A.sum() / d,

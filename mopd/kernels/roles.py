@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 KL_TYPES = ("k1", "k2", "k3")
-"""k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's estimators)."""
+"""Schulman's KL estimators: k1 = logp - ref; k2 = (logp - ref)^2 / 2;
+k3 = exp(ref - logp) - (ref - logp) - 1."""
 
 ADVANTAGE_SOURCES = ("outcome", "opd")
 
@@ -161,7 +162,8 @@ def check_loss_inputs(hidden, weight, targets, old_logp, advantages, roles, role
     if normalizer is not None:
         if isinstance(normalizer, torch.Tensor):
             if normalizer.numel() != 1:
-                raise ValueError(f"normalizer must be a number or a 0-d tensor, got shape {tuple(normalizer.shape)}")
+                raise ValueError("normalizer must be a number or a 0-d tensor, "
+                                 f"got shape {tuple(normalizer.shape)}")
         elif not isinstance(normalizer, (int, float)) or not normalizer > 0:
             raise ValueError(f"normalizer={normalizer!r} must be a positive number (the global token count)")
     if T > 0:

@@ -27,8 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from mopd.kernels.roles import (COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF,
-                                COL_PG_COEF)
+from mopd.kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
 
 STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "approx_kl", "entropy_mean", "opd_log_ratio",
               "pg_loss", "kl")
@@ -111,8 +110,8 @@ def stats_to_floats(stats: Dict[int, Dict[str, torch.Tensor]],
     roles = sorted(stats)
     table = torch.stack([torch.stack([stats[r][k] for k in STAT_NAMES]) for r in roles]).tolist()
     out = {}
-    for r, row in zip(roles, table):
+    for r, row in zip(roles, table, strict=True):
         name = role_names[r] if role_names is not None else f"role{r}"
-        for k, v in zip(STAT_NAMES, row):
+        for k, v in zip(STAT_NAMES, row, strict=True):
             out[f"{name}/{k}"] = float(v)
     return out

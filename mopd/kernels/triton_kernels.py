@@ -143,7 +143,7 @@ def _logprobs_fwd_kernel(z_ptr, stride_z, targets_ptr, logp_ptr, ent_ptr, lse_pt
     row_ptr = z_ptr + row * stride_z
     m, d, s = _row_softmax_stats(row_ptr, V, inv_t, BLOCK_V)
     log_d = tl.log(d)
-    y, x_y, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t)
+    _, x_y, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t)
     tl.store(logp_ptr + row, tl.where(valid, x_y - m - log_d, 0.0))
     tl.store(ent_ptr + row, log_d - s / d)
     tl.store(lse_ptr + row, m + log_d)

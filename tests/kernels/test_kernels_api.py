@@ -21,7 +21,8 @@ def _args(T=6, H=4, V=10):
 def _call(**kw):
     args = _args()
     args.update(kw)
-    pos = [args.pop(k) for k in ("hidden", "weight", "targets", "old_logp", "advantages", "roles", "role_specs")]
+    names = ("hidden", "weight", "targets", "old_logp", "advantages", "roles", "role_specs")
+    pos = [args.pop(k) for k in names]
     return fused_linear_policy_loss(*pos, backend="torch", **args)
 
 
@@ -91,7 +92,7 @@ def test_backend_resolution(monkeypatch):
 
 
 def test_stats_layout_and_flattening():
-    loss, stats = _call()
+    _, stats = _call()
     assert sorted(stats) == [0, 1]
     for r in stats:
         assert tuple(stats[r]) == STAT_NAMES
@@ -151,5 +152,5 @@ def test_linear_logprobs_compiles_without_graph_break():
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(h, w, t)
     compiled_grads = torch.autograd.grad(compiled, (h, w))
     torch.testing.assert_close(compiled, eager)
-    for a, b in zip(compiled_grads, eager_grads):
+    for a, b in zip(compiled_grads, eager_grads, strict=True):
         torch.testing.assert_close(a, b)

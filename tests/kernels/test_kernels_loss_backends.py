@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
-from kernel_cases import (BACKENDS, assert_close_grads, assert_close_stats, make_batch, rel_err,
-                          run_loss)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_cases import BACKENDS, assert_close_grads, assert_close_stats, make_batch, rel_err, run_loss
 
 from mopd.kernels import RoleSpec
 
@@ -18,7 +19,7 @@ MIXED = [
 # name -> (T, H, V, specs, make_batch kwargs, loss kwargs)
 CASES = {
     # T and V multiples of no block (V > the interpreter's BLOCK_V = 1024: two online blocks)
-    "mixed": (37, 16, 1500, MIXED, {}, {"temperature": 0.7, "chunk_rows": 8}),
+    "mixed": (27, 16, 1100, MIXED, {}, {"temperature": 0.7, "chunk_rows": 8}),
     "dual_clip_k3": (29, 12, 301, [RoleSpec("outcome", kl_coef=0.3, kl_type="k3"),
                                    RoleSpec("opd", opd_coef=1.0, kl_coef=0.1, kl_type="k3")],
                      {"drift": 1.5}, {"dual_clip": 3.0, "clip_low": 0.1, "clip_high": 0.28}),
@@ -197,3 +198,44 @@ def test_reference_matches_hand_computed_tokens():
     assert float(stats[0]["clip_frac"]) == 0.5  # token 0 (ratio e^0.5, A > 0) is clipped
     assert float(stats[1]["advantage_mean"]) == pytest.approx(-0.03)
     assert float(stats[1]["opd_log_ratio"]) == pytest.approx(-3.0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(1, 24), H=st.integers(1, 9), V=st.integers(2, 90), chunk=st.integers(1, 30),
+       temperature=st.sampled_from([0.5, 1.0, 1.7]), dual=st.sampled_from([None, 1.5, 4.0]),
+       seed=st.integers(0, 2**16))
+def test_torch_backend_property(T, H, V, chunk, temperature, dual, seed):
+    """Random small shapes, chunkings and options: the torch path equals the reference."""
+    batch = make_batch(T, H, V, MIXED, seed=seed, temperature=temperature, drift=1.0)
+    kw = dict(temperature=temperature, dual_clip=dual, chunk_rows=chunk)
+    want = run_loss(batch, "reference", **kw)
+    got = run_loss(batch, "torch", **kw)
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-5, abs=1e-6)
+    assert_close_grads(got[1], want[1], 1e-4)
+    assert_close_grads(got[2], want[2], 1e-4)
+    assert_close_stats(got[3], want[3], 1e-5, 1e-6)
+
+
+def test_strided_hidden_and_int32_indices():
+    batch = make_batch(15, 8, 90, MIXED)
+    want = run_loss(batch, "reference")
+    wide = torch.randn(15, 16)
+    wide[:, ::2] = batch.hidden
+    batch.hidden = wide[:, ::2]  # non-contiguous rows
+    batch.targets = batch.targets.int()
+    batch.roles = batch.roles.int()
+    got = run_loss(batch, "torch")
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+    assert_close_grads(got[1], want[1], 1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp16_inputs(backend):
+    """fp16 hidden/weight (logits in fp16, softmax in fp32), against the reference."""
+    batch = make_batch(17, 16, 300, MIXED, dtype=torch.float16)
+    want = run_loss(batch, "reference", temperature=0.8)
+    got = run_loss(batch, backend, temperature=0.8)
+    assert got[1].dtype == torch.float16 and got[2].dtype == torch.float16
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-3, abs=1e-5)
+    assert_close_grads(got[1], want[1], 1e-2)
+    assert_close_grads(got[2], want[2], 1e-2)
