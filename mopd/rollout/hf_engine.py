@@ -95,9 +95,16 @@ class HFEngine:
                     out[i][j] = completion
         return out  # type: ignore[return-value]
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every stored prefix (its keys/values belong to the weights they came from).
+        ``run_workflows`` calls it before and after each rollout; ``load_weights`` calls it too."""
+        if self.prefix_store is not None:
+            self.prefix_store.clear()
+
     def _check_weights(self) -> None:
-        """Clear the prefix cache when any parameter changed since the last call: every in-place
-        update (an optimizer step on a shared model, load_weights) bumps a tensor's version."""
+        """A second guard for direct callers: clear the prefix cache when a parameter's version
+        changed since the last call. Most in-place updates bump it (a plain optimizer step,
+        ``copy_``); fused optimizers and writes through ``.data`` do not, hence the resets above."""
         seen = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
         if seen != self._weights_seen and self.prefix_store is not None:
             self.prefix_store.clear()
@@ -105,7 +112,8 @@ class HFEngine:
 
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the parameters and buffers of the same names; tensors that already
-        are the engine's own storage (a shared model) are skipped."""
+        are the engine's own storage (a shared model) are skipped. Clears the prefix cache either
+        way, so a trainer sharing its model calls this after each update."""
         own = dict(self.model.named_parameters())
         own.update(dict(self.model.named_buffers()))
         with torch.no_grad():
@@ -116,11 +124,11 @@ class HFEngine:
                 if dst.data_ptr() == tensor.data_ptr() and dst.shape == tensor.shape:
                     continue
                 dst.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
+        self.reset_prefix_cache()
 
     def sleep(self) -> None:
         """Drop the prefix cache; an owned model on CUDA also moves to CPU and frees its blocks."""
-        if self.prefix_store is not None:
-            self.prefix_store.clear()
+        self.reset_prefix_cache()
         if self.owns_model and not self._asleep and self.device.type == "cuda":
             self._device = self.device
             self.model.to("cpu")

@@ -157,6 +157,15 @@ def leader_feedback(reports: Sequence[Report] = (), invalid: bool = False, force
                  FORCE_SELECT if force_select else "")
 
 
+def role_of(prompt_text: str) -> Optional[str]:
+    """The role whose system prompt ``prompt_text`` holds (None when it holds none, e.g. after
+    an input-limit cut)."""
+    for role, system in (("searcher", SEARCHER_SYSTEM), ("leader", LEADER_SYSTEM), ("answerer", ANSWERER_SYSTEM)):
+        if system in prompt_text:
+            return role
+    return None
+
+
 ROLE_STOPS = {
     "searcher": ("</search>", "</report>"),
     "leader": ("</select>",),

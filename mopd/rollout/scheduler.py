@@ -80,6 +80,9 @@ def run_workflows(engine, retriever, tokenizer, questions, *, workflow: str, att
     settings = WorkflowSettings.from_config(rollout_cfg, answer_candidates=answer_candidates,
                                             temperature=temperature, top_p=top_p, seed=seed, topk=topk)
     runs = [new_run(workflow, q, a, tokenizer, settings, method) for q in questions for a in range(attempts)]
+    reset = getattr(engine, "reset_prefix_cache", None)  # cached prefixes may predate the weights
+    if reset is not None:
+        reset()
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -91,4 +94,6 @@ def run_workflows(engine, retriever, tokenizer, questions, *, workflow: str, att
     finally:
         if bar is not None:
             bar.close()
+        if reset is not None:
+            reset()
     return [r.ctx.record for r in runs]

@@ -97,6 +97,9 @@ class VLLMEngine:
 
     def load_weights(self, named_tensors: Iterable) -> None:
         self._model().load_weights(list(named_tensors))
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:

@@ -70,3 +70,21 @@ def test_changed_weights_clear_the_store(tiny_dir, tokenizer):
         next(engine.model.parameters()).mul_(1.0)  # an in-place update, as an optimizer step
     engine.generate([GenerationRequest(prompt + c.token_ids + [tokenizer.eos_token_id], params)])
     assert engine.prefix_store.hits == hits
+
+
+def test_rollouts_and_weight_loads_leave_no_stale_prefixes(tiny_dir, tokenizer):
+    from mopd.config import RolloutConfig
+    from mopd.rollout.scheduler import run_workflows
+
+    from .fakes import FakeRetriever
+    from .helpers import questions
+
+    engine = HFEngine.from_pretrained(str(tiny_dir), device="cpu")
+    two_turns(engine, tokenizer, 1.0)
+    assert len(engine.prefix_store) > 0
+    engine.load_weights(engine.model.named_parameters())  # shared tensors: nothing copied, cache cleared
+    assert len(engine.prefix_store) == 0
+    run_workflows(engine, FakeRetriever(), tokenizer, questions(2), workflow="cmas", attempts=1,
+                  rollout_cfg=RolloutConfig(max_output_tokens=6, max_steps=3), answer_candidates=1,
+                  temperature=1.0, top_p=1.0, seed=0, progress=False)
+    assert engine.prefix_store.hits > 0 and len(engine.prefix_store) == 0

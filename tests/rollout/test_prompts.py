@@ -73,3 +73,10 @@ def test_a_template_that_rewrites_history_is_refused(tokenizer):
 
     with pytest.raises(ChatTemplateError):
         chat_format(Odd())
+
+
+def test_role_of_reads_the_system_prompt(tokenizer):
+    assert prompts.role_of(tokenizer.decode(prompts.render_leader_prompt(tokenizer, "Q"))) == "leader"
+    assert prompts.role_of(tokenizer.decode(prompts.render_searcher_prompt(tokenizer, "Q", "s"))) == "searcher"
+    assert prompts.role_of(tokenizer.decode(prompts.render_answerer_prompt(tokenizer, "Q", []))) == "answerer"
+    assert prompts.role_of("no system prompt") is None

@@ -83,3 +83,16 @@ def test_seeds_depend_on_the_call_not_the_batch(tokenizer):
     seen.clear()
     run_scripted(tokenizer, respond, n_questions=3, attempts=2, max_batch_calls=1)
     assert seen == first and all(v == 1 for v in first.values())  # every turn has its own seed
+
+
+def test_scripted_completions_look_sampled(tokenizer):
+    from mopd.rollout.engine import SamplingParams
+    from mopd.rollout.scripted_engine import completion_from_text
+
+    eos = tokenizer.eos_token_id
+    stop = completion_from_text(tokenizer, "<search>q</search>", SamplingParams(stop=("</search>",)))
+    assert stop.token_ids[-1] != eos and stop.finish_reason == "stop" and stop.text == "<search>q</search>"
+    ended = completion_from_text(tokenizer, "<subtask>a</subtask>", SamplingParams(stop=("</select>",)))
+    assert ended.token_ids[-1] == eos and ended.text == "<subtask>a</subtask>"
+    cut = completion_from_text(tokenizer, "word " * 20, SamplingParams(max_new_tokens=5))
+    assert len(cut.token_ids) == 5 and cut.finish_reason == "length" and cut.logprobs == [0.0] * 5
