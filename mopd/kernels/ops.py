@@ -195,6 +195,9 @@ class _FusedPolicyLoss(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_logp, _grad_entropy):
+        if ctx.grads is None:
+            raise RuntimeError("fused_linear_policy_loss supports one backward per forward (its gradients are "
+                               "computed in the forward and handed over once); run the forward again")
         grad_h, grad_w = ctx.grads
         ctx.grads = None
         scale = grad_loss if ctx.grad_divisor is None else grad_loss / ctx.grad_divisor

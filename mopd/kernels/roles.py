@@ -9,6 +9,7 @@ from and how its three loss terms are weighted; the kernels read the specs as a 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -65,7 +66,12 @@ class RoleSpec:
 
 
 def role_table(role_specs: Sequence[RoleSpec], device: torch.device) -> torch.Tensor:
-    """The specs as a ``[R, ROLE_FIELDS]`` float32 table on ``device`` (columns ``COL_*``)."""
+    """The specs as a ``[R, ROLE_FIELDS]`` float32 table on ``device`` (columns ``COL_*``), cached."""
+    return _role_table(tuple(role_specs), torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _role_table(role_specs: Tuple[RoleSpec, ...], device: torch.device) -> torch.Tensor:
     rows = []
     for spec in role_specs:
         row = [0.0] * ROLE_FIELDS

@@ -239,3 +239,16 @@ def test_fp16_inputs(backend):
     assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-3, abs=1e-5)
     assert_close_grads(got[1], want[1], 1e-2)
     assert_close_grads(got[2], want[2], 1e-2)
+
+
+def test_second_backward_through_the_same_loss_is_refused():
+    batch = make_batch(9, 8, 40, MIXED)
+    from mopd.kernels import fused_linear_policy_loss
+
+    h = batch.hidden.clone().requires_grad_(True)
+    loss, _ = fused_linear_policy_loss(h, batch.weight, batch.targets, batch.old_logp, batch.advantages,
+                                       batch.roles, MIXED, teacher_logp=batch.teacher_logp,
+                                       ref_logp=batch.ref_logp, backend="torch")
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward per forward"):
+        loss.backward()
