@@ -13,13 +13,13 @@ from mopd.kernels.roles import KL_TYPES, RoleSpec
 from mopd.kernels.terms import STAT_NAMES, stats_to_floats
 
 __all__ = [
-    "linear_logprobs",
-    "fused_linear_policy_loss",
-    "RoleSpec",
     "KL_TYPES",
     "STAT_NAMES",
-    "stats_to_floats",
-    "resolve_backend",
+    "RoleSpec",
+    "fused_linear_policy_loss",
+    "linear_logprobs",
     "reference_linear_logprobs",
     "reference_policy_loss",
+    "resolve_backend",
+    "stats_to_floats",
 ]

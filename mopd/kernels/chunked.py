@@ -114,7 +114,7 @@ class TorchRowPass:
         return L, E, m, d, log_d, logp, entropy, valid, safe
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
-        _, _, m, _, log_d, logp, entropy, _, _ = self._softmax(z, targets, inv_t)  # noqa: RUF059
+        _, _, m, _, log_d, logp, entropy, _, _ = self._softmax(z, targets, inv_t)
         out_logp.copy_(logp)
         out_entropy.copy_(entropy)
         out_lse.copy_(m + log_d)

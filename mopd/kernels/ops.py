@@ -196,8 +196,8 @@ class _FusedPolicyLoss(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_logp, _grad_entropy):
         if ctx.grads is None:
-            raise RuntimeError("fused_linear_policy_loss supports one backward per forward (its gradients are "
-                               "computed in the forward and handed over once); run the forward again")
+            raise RuntimeError("fused_linear_policy_loss supports one backward per forward (its gradients "
+                               "are computed in the forward and handed over once); run the forward again")
         grad_h, grad_w = ctx.grads
         ctx.grads = None
         scale = grad_loss if ctx.grad_divisor is None else grad_loss / ctx.grad_divisor
@@ -215,7 +215,7 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
                              ref_logp: Optional[torch.Tensor] = None, clip_low: float = 0.2,
                              clip_high: float = 0.2, dual_clip: Optional[float] = None,
                              temperature: float = 1.0,
-                             normalizer: Union[None, int, float, torch.Tensor] = None,
+                             normalizer: Union[int, float, torch.Tensor, None] = None,
                              backend: str = "auto", chunk_rows: Optional[int] = None
                              ) -> Tuple[torch.Tensor, Stats]:
     """Role-aware clipped PPO / OPD loss of the lm head over packed tokens, without [T, V] logits.
