@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command GPU check of mopd.kernels (DESIGN §7, §8): compiled Triton kernels against the naive
-# references, then timings against the matmul floor, the chunked torch path and Liger; < 8 minutes
-# on one H200 (stock image: torch 2.11, triton 3.6; nothing to install).
+# references, then timings against the matmul floor, the chunked torch path and Liger, on one H200
+# (stock image: torch 2.11, triton 3.6; nothing to install). Sized for under 8 minutes (not yet run
+# on a GPU); a 470 s timeout stops it regardless.
 #
 #   bash bench/gpu_check.sh              # on the GPU machine; prints PASS/FAIL lines
 #   bash bench/gpu_check.sh --dry-run    # CPU self-check with the Triton interpreter (tests run this)

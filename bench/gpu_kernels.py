@@ -1,6 +1,7 @@
 """GPU check of ``mopd.kernels``: compiled Triton kernels against the references, then timings.
 
-Run it through ``bench/gpu_check.sh`` (one command, < 8 minutes on one H200):
+Run it through ``bench/gpu_check.sh`` (one command on one H200, sized for under 8 minutes and
+stopped by a timeout at 470 s):
 
 1. environment (GPU, torch, triton, liger);
 2. correctness: the Triton backend against the naive reference (fused loss: loss, grad_hidden,
