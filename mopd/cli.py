@@ -16,6 +16,7 @@ from typing import List, Optional
 COMMAND_MODULES = [
     "mopd.config_commands",
     "mopd.data.commands",
+    "mopd.data.world_commands",
     "mopd.eval.score_commands",
     "mopd.train.commands",
     "mopd.demo_commands",

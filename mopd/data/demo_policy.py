@@ -1,0 +1,329 @@
+"""A scripted, deliberately imperfect team policy for the tiny world, served as an inference engine.
+
+:class:`DemoEngine` implements the :class:`mopd.rollout.engine.Engine` protocol: for each request
+it decodes the prompt ids, reads the role and state back from the text
+(:mod:`mopd.data.demo_reader`), decides the action like a reasonable but careless agent, and
+returns that text tokenised as the model would have written it (EOS appended unless the text
+ends with one of the request's stop strings, log-probs 0). Running the real ``run_workflows``
+with this engine gives WorkflowRecords whose ``call.token_ids()`` / ``call.loss_mask()`` are
+exactly the sequences the model will see and write, so supervised fine-tuning on them
+(:mod:`mopd.data.warmstart`) teaches the real prompt and action format of all three roles.
+
+The script knows the world (which passage holds which fact) but acts only on what the prompt
+shows: a fact counts as found when its gold passage is among the passages returned so far (or,
+for the Leader and the Answerer, when its sentence is in a report). Its mistakes (:class:`DemoStyle`):
+vague queries that leave out the name, reports with no search at all, reports that quote the wrong
+passage, answers that pick the wrong name among the candidates. They leave pi_0 valid in format
+but far from perfect, so that outcome RL has something to gain.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from mopd.data.demo_reader import Doc, PromptView, read_prompt
+from mopd.data.world_kb import KnowledgeBase
+from mopd.data.world_text import QUESTION_TEMPLATES
+from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.rollout.sampling import derive_seed
+
+
+@dataclass(frozen=True)
+class DemoStyle:
+    """How careless the scripted team is (probabilities of doing the right thing)."""
+
+    good_query: float = 0.6
+    """A query naming the entity; otherwise a vague one without the name."""
+    right_copy: float = 0.7
+    """A report quotes the passage holding the fact; otherwise another passage of that search."""
+    right_pick: float = 0.7
+    """The Answerer picks the supported answer when the reports hold it; otherwise another name."""
+    search_first: float = 0.9
+    """A Searcher searches before reporting; otherwise it reports a guess at once."""
+    good_subtask: float = 0.9
+    """The Leader's subtask names the entity."""
+    split_two_hop: float = 0.75
+    """The Leader asks the two hops of a two-hop question one after the other (else in one subtask)."""
+
+
+# Subtask wordings the Leader writes and the Searcher understands.
+SUBTASK_TOWN = {"band": "Find the town where the band {s} was formed.",
+                "company": "Find the town where the company {s} is headquartered."}
+SUBTASK_TWO_HOP = {"band": "Find which river flows through the town where the band {s} was formed.",
+                   "company": "Find which river flows through the town where the company {s} is headquartered."}
+SUBTASK_RIVER = "Find the river that flows through {t}."
+VAGUE_SUBTASK = {"band": "Find where the band was formed.", "company": "Find where the company is based."}
+GOOD_QUERIES = {"band": ["{s}", "{s} band", "{s} band formed"], "company": ["{s}", "{s} company", "{s} headquarters"],
+                "town": ["{t}", "{t} river", "river through {t}"]}
+VAGUE_QUERIES = {"band": ["band formed in town", "{w} band", "where was the band formed"],
+                 "company": ["company headquarters", "{w} company", "where is the company based"],
+                 "town": ["river through the town", "town on the river", "which river"]}
+
+
+def _pattern(template: str) -> re.Pattern:
+    parts = template.split("{s}") if "{s}" in template else template.split("{t}")
+    return re.compile("^" + "(.+?)".join(re.escape(p) for p in parts) + "$")
+
+
+@dataclass(frozen=True)
+class Task:
+    """What an agent is after: the subject (band/company) and its kind, the hops, or a town whose
+    river is wanted (a second-hop subtask). ``subject`` None and ``town`` None: not understood."""
+
+    hops: int
+    kind: str = ""
+    subject: Optional[str] = None
+    town: Optional[str] = None
+
+
+class DemoPolicy:
+    """The scripted decisions, one per role; ``act(prompt, rng)`` -> the output text."""
+
+    def __init__(self, kb: KnowledgeBase, first_sentences: Dict[str, str], style: DemoStyle = DemoStyle()):
+        """``first_sentences``: passage title -> its first sentence, over the corpus (how the Leader
+        and the Answerer recognise a gold fact quoted in a report)."""
+        self.kb, self.style = kb, style
+        self._gold_sentences = dict(first_sentences)
+        self._question_patterns = [(_pattern(t), kind, hops)
+                                   for (kind, hops), ts in QUESTION_TEMPLATES.items() for t in ts]
+        self._subtask_patterns = ([(_pattern(t), k, 1) for k, t in SUBTASK_TOWN.items()]
+                                  + [(_pattern(t), k, 2) for k, t in SUBTASK_TWO_HOP.items()])
+        self._river_pattern = _pattern(SUBTASK_RIVER)
+        self._town_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(kb.towns, key=len, reverse=True)))
+                                   + r")\b")
+        self._river_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(kb.rivers, key=len, reverse=True)))
+                                    + r")\b")
+
+    # ---- understanding ----------------------------------------------------------------
+    def task_of_question(self, question: str) -> Task:
+        for pat, kind, hops in self._question_patterns:
+            m = pat.match(question)
+            if m and m.group(1) in (self.kb.bands if kind == "band" else self.kb.companies):
+                return Task(hops=hops, kind=kind, subject=m.group(1))
+        return Task(hops=1)
+
+    def task_of_subtask(self, subtask: str) -> Task:
+        m = self._river_pattern.match(subtask)
+        if m and m.group(1) in self.kb.towns:
+            return Task(hops=1, kind="town", town=m.group(1))
+        for pat, kind, hops in self._subtask_patterns:
+            m = pat.match(subtask)
+            if m and m.group(1) in (self.kb.bands if kind == "band" else self.kb.companies):
+                return Task(hops=hops, kind=kind, subject=m.group(1))
+        return Task(hops=1)
+
+    def home(self, subject: str) -> str:
+        return self.kb.subject(subject)["town"]
+
+    def is_subject_doc(self, doc: Doc, subject: str) -> bool:
+        return doc.title == subject
+
+    def is_river_doc(self, doc: Doc, town: str) -> bool:
+        """The town's own passage or its river's passage (both name the river)."""
+        return doc.title == town or doc.title == f"{self.kb.towns[town]['river']} (river)"
+
+    def needs(self, task: Task) -> List[Tuple[str, str]]:
+        """The facts to find, in order: ('subject', name) and/or ('town', name). A second hop's town
+        is known only once the first hop's passage has been seen (see :meth:`_searcher`)."""
+        if task.town:
+            return [("town", task.town)]
+        if task.subject:
+            return [("subject", task.subject)] + ([("town", self.home(task.subject))] if task.hops == 2 else [])
+        return []
+
+    def _found(self, need: Tuple[str, str], docs: Sequence[Doc]) -> Optional[Doc]:
+        kind, name = need
+        test = self.is_subject_doc if kind == "subject" else self.is_river_doc
+        return next((d for d in docs if test(d, name)), None)
+
+    # ---- roles -----------------------------------------------------------------------
+    def act(self, prompt: str, rng: random.Random) -> str:
+        view = read_prompt(prompt)
+        return {"searcher": self._searcher, "leader": self._leader, "answerer": self._answerer}[view.role](view, rng)
+
+    def _query(self, need: Tuple[str, str], subject_kind: str, rng: random.Random) -> str:
+        kind, name = need
+        key = "town" if kind == "town" else subject_kind
+        if rng.random() < self.style.good_query:
+            return rng.choice(GOOD_QUERIES[key]).format(s=name, t=name)
+        word = rng.choice(name.split())
+        return rng.choice(VAGUE_QUERIES[key]).format(w=word)
+
+    def _searcher(self, view: PromptView, rng: random.Random) -> str:
+        task = self.task_of_subtask(view.subtask) if view.subtask is not None else self.task_of_question(view.question)
+        needs = self.needs(task)
+        if not view.forced:
+            if not view.searches and rng.random() >= self.style.search_first:
+                return f"<report>{self._guess(task, rng)}</report>"
+            if not needs and not view.searches:  # a task it does not understand: search its words once
+                return f"<search>{(view.subtask or view.question).rstrip('.?')}</search>"
+            need = self._next_need(needs, view)
+            if need is not None:
+                return f"<search>{self._query(need, task.kind, rng)}</search>"
+        return f"<report>{self._report(needs, view, task, rng)}</report>"
+
+    def _next_need(self, needs, view: PromptView, max_searches: int = 3, max_tries: int = 2):
+        """The first fact not found yet, when another search for it is allowed: at most
+        ``max_searches`` in all and ``max_tries`` per fact; None means report now."""
+        start = 0
+        for need in needs:
+            found_at = next((k for k in range(len(view.searches)) if self._found(need, view.searches[k])), None)
+            if found_at is not None:
+                start = max(start, found_at + 1)
+                continue
+            tries = len(view.searches) - start
+            return need if len(view.searches) < max_searches and tries < max_tries else None
+        return None
+
+    def _report(self, needs, view: PromptView, task: Task, rng: random.Random) -> str:
+        sentences = []
+        for need in needs:
+            for search in view.searches:
+                gold = self._found(need, search)
+                if gold is None:
+                    continue
+                others = [d for d in search if d is not gold]
+                pick = gold if not others or rng.random() < self.style.right_copy else rng.choice(others)
+                sentences.append(pick.first_sentence)
+                break
+        if not sentences and view.searches and view.searches[-1]:
+            sentences.append(view.searches[-1][0].first_sentence)
+        if not sentences:
+            return self._guess(task, rng)
+        return " ".join(dict.fromkeys(sentences))
+
+    def _guess(self, task: Task, rng: random.Random) -> str:
+        """A report written without evidence: a made-up fact of the right shape."""
+        town = rng.choice(sorted(self.kb.towns))
+        if task.kind == "town" and task.town:
+            return f"{task.town} is a town on the river {rng.choice(sorted(self.kb.rivers))}."
+        if task.subject and task.kind == "company":
+            return f"{task.subject} is a company headquartered in {town}."
+        if task.subject:
+            return f"{task.subject} is a band formed in {town}."
+        return "I found nothing about this."
+
+    def _leader(self, view: PromptView, rng: random.Random) -> str:
+        task = self.task_of_question(view.question)
+        texts = [t for _, _, t in view.reports]
+        if not view.reports and not view.forced:
+            return self._first_subtasks(task, rng)
+        rounds = len(view.outputs)
+        town_known = task.subject is not None and any(self._subject_sentence(task.subject) in t for t in texts)
+        river_known = (task.subject is not None and task.hops == 2
+                       and any(s in t for t in texts for s in self._river_sentences(self.home(task.subject))))
+        if not view.forced and task.subject is not None:
+            if task.hops == 1 and not town_known and rounds < 2:
+                return self._subtask(SUBTASK_TOWN[task.kind].format(s=task.subject), task, rng)
+            if task.hops == 2 and not river_known:
+                if town_known and rounds < 3:
+                    return f"<subtask>{SUBTASK_RIVER.format(t=self.home(task.subject))}</subtask>"
+                if not town_known and rounds < 2:
+                    return self._subtask(SUBTASK_TOWN[task.kind].format(s=task.subject), task, rng)
+        useful = [i for i, _, t in view.reports if t and (
+            task.subject is not None and (self._subject_sentence(task.subject) in t
+                                          or any(s in t for s in self._river_sentences(self.home(task.subject)))))]
+        chosen = useful if useful and rng.random() < 0.8 else [i for i, _, _ in view.reports]
+        if not chosen:
+            chosen = [1] if view.reports else []
+        if not chosen:  # forced with no reports at all: nothing valid to select
+            return "<select>1</select>"
+        return f"<select>{','.join(map(str, chosen))}</select>"
+
+    def _subtask(self, text: str, task: Task, rng: random.Random) -> str:
+        if rng.random() >= self.style.good_subtask:
+            text = VAGUE_SUBTASK[task.kind]
+        return f"<subtask>{text}</subtask>"
+
+    def _first_subtasks(self, task: Task, rng: random.Random) -> str:
+        if task.subject is None:
+            return "<subtask>Find the answer to the question.</subtask>"
+        if task.hops == 2 and rng.random() >= self.style.split_two_hop:
+            return self._subtask(SUBTASK_TWO_HOP[task.kind].format(s=task.subject), task, rng)
+        return self._subtask(SUBTASK_TOWN[task.kind].format(s=task.subject), task, rng)
+
+    def _subject_sentence(self, subject: str) -> str:
+        return self._gold_sentences.get(subject, "\0")
+
+    def _river_sentences(self, town: str) -> List[str]:
+        river = self.kb.towns[town]["river"]
+        return [self._gold_sentences.get(town, "\0"), self._gold_sentences.get(f"{river} (river)", "\0")]
+
+    def _answerer(self, view: PromptView, rng: random.Random) -> str:
+        task = self.task_of_question(view.question)
+        text = " ".join(t for _, _, t in view.reports)
+        if task.subject is None:
+            names = self._town_re.findall(text) + self._river_re.findall(text)
+            return f"<answer>{names[0] if names else rng.choice(sorted(self.kb.towns))}</answer>"
+        town = self.home(task.subject)
+        if task.hops == 1:
+            right, pool, mentioned = town, sorted(self.kb.towns), self._town_re.findall(text)
+            supported = self._subject_sentence(task.subject) in text
+        else:
+            right, pool = self.kb.towns[town]["river"], sorted(self.kb.rivers)
+            mentioned = self._river_re.findall(text) + self._town_re.findall(text)
+            supported = any(s in text for s in self._river_sentences(town))
+        wrong = [n for n in dict.fromkeys(mentioned) if n != right]
+        if supported and rng.random() < self.style.right_pick:
+            pick = right
+        elif wrong:
+            pick = rng.choice(wrong)
+        elif supported:
+            pick = rng.choice([n for n in pool if n != right])
+        else:
+            pick = rng.choice(mentioned or pool)
+        return f"<answer>{pick}</answer>"
+
+
+def world_policy(world_dir, style: DemoStyle = DemoStyle()) -> DemoPolicy:
+    """The scripted policy of a world built by :func:`mopd.data.tinyworld.build_world`."""
+    import json
+
+    from mopd.data.tinyworld import WorldPaths, load_kb
+
+    paths = WorldPaths.of(world_dir)
+    firsts = {}
+    with paths.corpus.open(encoding="utf-8") as f:
+        for line in f:
+            title, _, text = json.loads(line)["contents"].partition("\n")
+            firsts[title] = Doc(title, text).first_sentence
+    return DemoPolicy(load_kb(paths), firsts, style)
+
+
+class DemoEngine:
+    """The Engine protocol over :class:`DemoPolicy`. Deterministic: sample j of a request draws
+    from ``Random(derive_seed(seed, request seed, j))``."""
+
+    def __init__(self, policy: DemoPolicy, tokenizer, seed: int = 0):
+        self.policy, self.tokenizer, self.seed = policy, tokenizer, seed
+        self.eos_id = tokenizer.eos_token_id
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> List[List[Completion]]:
+        out = []
+        for req in requests:
+            prompt = self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False)
+            out.append([self._completion(self.policy.act(prompt, random.Random(derive_seed(
+                self.seed, req.params.seed, j))), req.params) for j in range(req.params.n)])
+        return out
+
+    def _completion(self, text: str, params) -> Completion:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not any(text.endswith(s) for s in params.stop):
+            ids.append(self.eos_id)
+        reason = "stop"
+        if len(ids) > params.max_new_tokens:
+            ids, reason = ids[:params.max_new_tokens], "length"
+        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=reason,
+                          text=self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def load_weights(self, named_tensors) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass

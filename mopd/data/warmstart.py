@@ -1,0 +1,334 @@
+"""pi_0 for the tiny world: a small Qwen3 model warm-started by supervised fine-tuning on scripted
+demonstrations of all three roles, in both workflows.
+
+The demo stands in for an instruction-tuned model, so pi_0 must already speak the action format
+of every role (Searcher, Leader, Answerer; C-MAS and H-MAS) while leaving room for RL. Steps:
+
+1. a byte-level BPE tokenizer trained on the world's passages and training questions, and a
+   random Qwen3 model (:func:`mopd.rollout.tiny_model.init_tiny_model`);
+2. demonstrations: the real ``run_workflows`` over the training questions with the scripted,
+   deliberately imperfect :class:`mopd.data.demo_policy.DemoEngine`, so every sequence is exactly
+   what the model will see (token ids and loss masks of each agent call);
+3. next-token cross-entropy on the model-written tokens (loss mask 1) only, token-mean per step,
+   AdamW with warm-up and cosine decay.
+
+Right padding needs no attention mask: with causal attention a real token never sees the pads
+after it, and SDPA then takes its fast causal path. Logits are computed only at the positions
+that predict a loss token (about a tenth of all positions).
+
+``out_dir`` gets the model and tokenizer (``from_pretrained``-ready) and ``pi0.json`` (settings,
+loss curve, wall time, demo statistics). A finished directory with the same settings is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+PI0_FILE = "pi0.json"
+PI0_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class WarmStartSettings:
+    steps: int = 300
+    episodes_per_step: int = 16
+    """Demonstration episodes (all their agent calls) per optimiser step."""
+    attempts: int = 4
+    """Demonstrations per training question and workflow."""
+    workflows: Tuple[str, ...] = ("cmas", "hmas")
+    lr: float = 2e-3
+    warmup_frac: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 12288
+    """Padded tokens per forward/backward (memory bound only; the step is the same either way)."""
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    ffn: int = 384
+    good_query: float = 0.6
+    right_copy: float = 0.7
+    right_pick: float = 0.7
+    search_first: float = 0.9
+
+
+@dataclass
+class Demonstrations:
+    """Training sequences grouped by episode: ``episodes[e]`` = [(token ids, loss mask), ...]."""
+
+    episodes: List[List[Tuple[List[int], List[int]]]] = field(default_factory=list)
+    stats: Dict[str, dict] = field(default_factory=dict)
+
+
+class CachedRetriever:
+    """Memoises a retriever's results per (query, k): scripted demos repeat the same few query
+    wordings many times, and a dense query costs an encoder pass."""
+
+    def __init__(self, retriever):
+        self.retriever = retriever
+        self.cache: Dict[Tuple[str, int], list] = {}
+
+    def search(self, queries: List[str], k: int):
+        todo = list(dict.fromkeys(q for q in queries if (q, k) not in self.cache))
+        if todo:
+            for q, r in zip(todo, self.retriever.search(todo, k)):
+                self.cache[(q, k)] = r
+        return [self.cache[(q, k)] for q in queries]
+
+
+def rollout_config(workflow: str):
+    """The workflow limits the demo trains and evaluates with: those of the tiny presets
+    (``tiny_cmas_rl`` for C-MAS, ``tiny_mopd`` for H-MAS), so pi_0 learns the step budgets, round
+    limits and forced endings it will meet in Stage I and Stage II."""
+    from mopd.config import resolve
+
+    return resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd").rollout
+
+
+PROMPT_WEIGHT = 30
+"""Copies of the role prompts among the tokenizer's training texts. Once each, they are a sliver
+of the text and split into pieces (the Searcher's system prompt took 190 tokens of a 1,024-token
+BPE); weighted, every word is one token (108), and the world's passages lose little."""
+
+
+def tokenizer_texts(world_dir) -> List[str]:
+    """What the tokenizer is trained on: every passage, the training questions, the subtask
+    wordings, and the role prompts ``PROMPT_WEIGHT`` times."""
+    from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
+    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.rollout.prompts import ALL_PROMPT_TEXTS
+
+    paths = WorldPaths.of(world_dir)
+    with paths.corpus.open(encoding="utf-8") as f:
+        texts = [json.loads(line)["contents"] for line in f if line.strip()]
+    texts += [q.question for q in load_split(paths, "train")]
+    texts += list(SUBTASK_TOWN.values()) + list(SUBTASK_TWO_HOP.values()) + [SUBTASK_RIVER]
+    chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
+    return texts + (list(ALL_PROMPT_TEXTS) + [chat_roles]) * PROMPT_WEIGHT
+
+
+def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),
+                        attempts: int = 4, seed: int = 0, style=None, questions=None,
+                        progress: bool = False) -> Demonstrations:
+    """Scripted episodes over the training questions (or ``questions``), as training sequences."""
+    from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
+    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.eval.scoring import exact_match
+    from mopd.rollout.scheduler import run_workflows
+
+    paths = WorldPaths.of(world_dir)
+    qs = questions if questions is not None else load_split(paths, "train")
+    engine = DemoEngine(world_policy(paths.root, style or DemoStyle()), tokenizer, seed=seed)
+    demos = Demonstrations()
+    for wf in workflows:
+        records = run_workflows(engine, retriever, tokenizer, qs, workflow=wf, attempts=attempts,
+                                rollout_cfg=rollout_config(wf), answer_candidates=1, temperature=1.0, top_p=1.0,
+                                seed=seed, method="demo", progress=progress)
+        tokens = 0
+        for r in records:
+            calls = [(c.token_ids(), c.loss_mask()) for c in r.calls if c.segments]
+            demos.episodes.append(calls)
+            tokens += sum(len(ids) for ids, _ in calls)
+        demos.stats[wf] = {
+            "episodes": len(records),
+            "em": sum(exact_match(r.final_answer, r.answers) for r in records) / max(1, len(records)),
+            "searches_per_episode": sum(r.search_actions for r in records) / max(1, len(records)),
+            "tokens_per_episode": tokens / max(1, len(records)),
+        }
+    return demos
+
+
+def shared_prefix_len(seqs: Sequence[Tuple[List[int], List[int]]]) -> int:
+    """The longest common prefix of ``seqs``, cut before the position that predicts the first
+    loss token of any of them (so no loss position lies in the prefix)."""
+    first = min(len(ids) for ids, _ in seqs)
+    for _, m in seqs:
+        first = min(first, next((i for i, v in enumerate(m) if v), len(m)))
+    n, ref = 0, seqs[0][0]
+    while n < first - 1 and all(ids[n] == ref[n] for ids, _ in seqs):
+        n += 1
+    return n
+
+
+def micro_batches(seqs: Sequence[Tuple[List[int], List[int]]], budget: int, key_len: int = 16) -> List[List[int]]:
+    """Indices of ``seqs`` grouped by role prompt (their first ``key_len`` ids: the system
+    message), then by length, longest first, so that rows x longest <= ``budget``."""
+    groups: Dict[tuple, List[int]] = {}
+    for i, (ids, _) in enumerate(seqs):
+        groups.setdefault(tuple(ids[:key_len]), []).append(i)
+    out: List[List[int]] = []
+    for members in groups.values():
+        start = len(out)
+        for i in sorted(members, key=lambda i: -len(seqs[i][0])):
+            if len(out) > start and (len(out[-1]) + 1) * len(seqs[out[-1][0]][0]) <= budget:
+                out[-1].append(i)
+            else:
+                out.append([i])
+    return out
+
+
+def sft_loss_sum(model, seqs: Sequence[Tuple[List[int], List[int]]], pad_id: int, share_prefix: bool = True):
+    """Summed next-token cross-entropy over the loss-mask tokens of ``seqs`` (right-padded, no
+    attention mask needed under causal attention), and the number of those tokens.
+
+    ``share_prefix``: their common prefix (the role's system prompt) is run once and its KV cache
+    repeated for every row, instead of once per row; gradients flow through the cache into the
+    prefix, so loss and gradients equal those of the unshared forward."""
+    import inspect
+
+    import torch
+    import torch.nn.functional as F
+
+    P = shared_prefix_len(seqs) if share_prefix and len(seqs) > 1 else 0
+    width = max(len(ids) for ids, _ in seqs) - P
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for r, (t, m) in enumerate(seqs):
+        ids[r, :len(t) - P] = torch.tensor(t[P:])
+        mask[r, :len(m) - P] = torch.tensor(m[P:], dtype=torch.bool)
+    kwargs = dict(input_ids=ids, use_cache=False)
+    if P:
+        cache_arg = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+        prefix = model.model(input_ids=torch.tensor([seqs[0][0][:P]]), use_cache=True)
+        cache = getattr(prefix, "past_key_values", None) or getattr(prefix, "cache")
+        cache.batch_repeat_interleave(len(seqs))
+        kwargs.update({cache_arg: cache, "use_cache": True,
+                       "position_ids": torch.arange(P, P + width)[None].expand(len(seqs), -1)})
+    predict = mask[:, 1:]  # position i predicts token i+1
+    hidden = model.model(**kwargs).last_hidden_state[:, :-1][predict]
+    logits = model.lm_head(hidden).float()
+    loss = F.cross_entropy(logits, ids[:, 1:][predict], reduction="sum")
+    return loss, int(predict.sum())
+
+
+def train_sft(model, demos: Demonstrations, *, steps: int, episodes_per_step: int, lr: float, seed: int,
+              pad_id: int, warmup_frac: float = 0.05, weight_decay: float = 0.0, grad_clip: float = 1.0,
+              micro_batch_tokens: int = 12288, log_every: int = 10, progress: bool = False) -> List[float]:
+    """Supervised fine-tuning; returns the mean loss of every step."""
+    import torch
+
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    warmup = max(1, int(warmup_frac * steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(
+        math.pi * min(1.0, max(0, s + 1 - warmup) / max(1, steps - warmup))))))
+    order: List[int] = []
+    losses: List[float] = []
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        batch: List[int] = []
+        while len(batch) < episodes_per_step:
+            if not order:
+                order = list(range(len(demos.episodes)))
+                rng.shuffle(order)
+            batch.append(order.pop())
+        seqs = [s for e in batch for s in demos.episodes[e]]
+        n_tokens = sum(sum(m[1:]) for _, m in seqs)
+        total = 0.0
+        for mb in micro_batches(seqs, micro_batch_tokens):
+            loss, _ = sft_loss_sum(model, [seqs[i] for i in mb], pad_id)
+            (loss / n_tokens).backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total / max(1, n_tokens))
+        if progress and (step % log_every == 0 or step == steps - 1):
+            print(f"sft step {step + 1}/{steps}  loss {losses[-1]:.3f}  {time.perf_counter() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+    model.eval()
+    return losses
+
+
+def read_pi0(out_dir) -> Optional[dict]:
+    p = Path(out_dir) / PI0_FILE
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+
+
+def _world_fingerprint(world_dir) -> str:
+    from mopd.retriever.corpus import corpus_fingerprint
+    from mopd.data.tinyworld import WorldPaths
+
+    paths = WorldPaths.of(world_dir)
+    return corpus_fingerprint(paths.corpus) + ":" + corpus_fingerprint(paths.train)
+
+
+def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: Optional[WarmStartSettings] = None,
+              progress: bool = True, **overrides) -> Path:
+    """Warm-start pi_0 on the tiny world in ``world_dir`` (from :func:`mopd.data.tinyworld.build_world`);
+    returns ``out_dir`` (a model directory). ``settings`` or keyword ``overrides`` (any
+    :class:`WarmStartSettings` field) change the recipe; a finished ``out_dir`` with the same
+    recipe and world is returned at once."""
+    s = settings or WarmStartSettings(steps=steps, seed=seed)
+    if overrides:
+        s = WarmStartSettings(**{**asdict(s), **overrides})
+    out = Path(out_dir)
+    wanted = {"format": PI0_FORMAT, "world": _world_fingerprint(world_dir), **asdict(s)}
+    wanted["workflows"] = list(s.workflows)
+    done = read_pi0(out)
+    if done is not None and done.get("settings") == wanted:
+        return out
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mopd.config import RetrieverConfig
+    from mopd.data.demo_policy import DemoStyle
+    from mopd.data.tinyworld import WorldPaths
+    from mopd.retriever import load_retriever
+    from mopd.rollout.tiny_model import init_tiny_model
+
+    t_start = time.perf_counter()
+    if out.exists():
+        shutil.rmtree(out)
+    init_dir = out.with_name(out.name + ".init")
+    init_tiny_model(init_dir, corpus_texts=tokenizer_texts(world_dir), vocab_size=s.vocab_size, hidden=s.hidden,
+                    layers=s.layers, heads=s.heads, ffn=s.ffn, seed=s.seed)
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
+    paths = WorldPaths.of(world_dir)
+    retriever = CachedRetriever(load_retriever(RetrieverConfig(kind="inprocess", index=str(paths.index))))
+    style = DemoStyle(good_query=s.good_query, right_copy=s.right_copy, right_pick=s.right_pick,
+                      search_first=s.search_first)
+    t_demo = time.perf_counter()
+    demos = make_demonstrations(paths.root, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
+                                seed=s.seed, style=style, progress=False)
+    t_train = time.perf_counter()
+    if progress:
+        print(f"pi0: {len(demos.episodes)} demonstration episodes in {t_train - t_demo:.0f}s; "
+              f"training {s.steps} steps x {s.episodes_per_step} episodes", file=sys.stderr, flush=True)
+    torch.manual_seed(s.seed)
+    losses = train_sft(model, demos, steps=s.steps, episodes_per_step=s.episodes_per_step, lr=s.lr, seed=s.seed,
+                       pad_id=tokenizer.pad_token_id, warmup_frac=s.warmup_frac, weight_decay=s.weight_decay,
+                       grad_clip=s.grad_clip, micro_batch_tokens=s.micro_batch_tokens, progress=progress)
+    t_end = time.perf_counter()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info = {"settings": wanted, "demonstrations": demos.stats, "losses": losses,
+            "seconds": {"init": round(t_demo - t_start, 1), "demonstrations": round(t_train - t_demo, 1),
+                        "sft": round(t_end - t_train, 1), "total": round(t_end - t_start, 1)},
+            "parameters": sum(p.numel() for p in model.parameters())}
+    (tmp / PI0_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
+    shutil.rmtree(init_dir, ignore_errors=True)
+    return out

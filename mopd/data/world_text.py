@@ -1,0 +1,157 @@
+"""The tiny world written out: Wikipedia-style passages and the questions with their gold passages.
+
+Passages are one-sentence stubs ("X is a folk band formed in Ashford in 1994."), so a Searcher's
+report can quote one sentence per fact, and a search result costs few tokens (every token of
+every prompt is paid for in rollouts and training on a laptop CPU). Distractor passages mention the
+same entities in other relations (a tour through other towns, a festival a band played at, a
+member's birthplace, a company's factory elsewhere): a careless query or reader lands on a wrong
+town. Nothing in a distractor contradicts a gold fact.
+
+Questions: one-hop ("Where was the band X formed?" -> the town) and two-hop ("Which river flows
+through the town where the band X was formed?" -> the river), for bands and companies.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from mopd.data.qa import QAExample
+from mopd.data.world_kb import INDUSTRY_WORDS, KnowledgeBase
+
+ONE_HOP = "tiny_1hop"
+TWO_HOP = "tiny_2hop"
+
+QUESTION_TEMPLATES = {
+    ("band", 1): ["Where was the band {s} formed?", "In which town was the band {s} formed?"],
+    ("company", 1): ["In which town is the company {s} headquartered?", "Where is the company {s} based?"],
+    ("band", 2): ["Which river flows through the town where the band {s} was formed?"],
+    ("company", 2): ["Which river flows through the town where the company {s} is headquartered?"],
+}
+
+
+@dataclass
+class WorldPassage:
+    id: str
+    title: str
+    text: str
+    kind: str
+    """band | company | town | river (gold kinds) or person | tour | festival | station | factory."""
+
+    def to_corpus_row(self) -> dict:
+        return {"id": self.id, "contents": f"{self.title}\n{self.text}"}
+
+
+@dataclass
+class WorldText:
+    passages: List[WorldPassage] = field(default_factory=list)
+    questions: List[QAExample] = field(default_factory=list)
+    gold_of: Dict[str, str] = field(default_factory=dict)
+    """Entity name -> id of its gold passage."""
+
+
+def _a(word: str) -> str:
+    """The indefinite article for ``word``: 'a folk', 'an indie'."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
+def _towns_list(towns: List[str]) -> str:
+    return towns[0] if len(towns) == 1 else ", ".join(towns[:-1]) + " and " + towns[-1]
+
+
+def gold_passages(kb: KnowledgeBase, rng: random.Random) -> List[WorldPassage]:
+    out: List[WorldPassage] = []
+    for i, (b, a) in enumerate(kb.bands.items()):
+        m1, m2 = a["members"]
+        text = rng.choice([
+            f"{b} is {_a(a['genre'])} band formed in {a['town']} in {a['year']}.",
+            f"{b} are {_a(a['genre'])} group that was formed in {a['town']} in {a['year']} by {m1} and {m2}.",
+        ])
+        out.append(WorldPassage(f"band-{i:03d}", b, text, "band"))
+    for i, (c, a) in enumerate(kb.companies.items()):
+        word = INDUSTRY_WORDS[a["industry"]]
+        text = rng.choice([
+            f"{c} is {_a(word)} company headquartered in {a['town']}, founded in {a['year']} by {a['founder']}.",
+            f"{c} is {_a(word)} firm with its headquarters in {a['town']}.",
+        ])
+        out.append(WorldPassage(f"company-{i:03d}", c, text, "company"))
+    for i, (t, a) in enumerate(kb.towns.items()):
+        text = rng.choice([
+            f"{t} is a town on the river {a['river']}, in the {a['region']} region.",
+            f"{t} is a market town in {a['region']} that lies on the river {a['river']}.",
+        ])
+        out.append(WorldPassage(f"town-{i:03d}", t, text, "town"))
+    for i, (r, a) in enumerate(kb.rivers.items()):
+        text = f"The {r} is a river that flows through {_towns_list(a['towns'])} to {a['sea']}."
+        out.append(WorldPassage(f"river-{i:03d}", f"{r} (river)", text, "river"))
+    return out
+
+
+def distractor_passages(kb: KnowledgeBase, rng: random.Random, n: int) -> List[WorldPassage]:
+    """``n`` passages: 3/7 people, 3/14 tours, 1/7 festivals, 1/7 stations, the rest factories."""
+    towns, bands, companies = list(kb.towns), list(kb.bands), list(kb.companies)
+    counts = {"person": n * 3 // 7, "tour": n * 3 // 14, "festival": n // 7, "station": n // 7}
+    counts["factory"] = n - sum(counts.values())
+    out: List[WorldPassage] = []
+    for i, p in enumerate(rng.sample(sorted(kb.people), min(counts["person"], len(kb.people)))):
+        a = kb.people[p]
+        year = rng.randrange(1930, 1995)
+        if a["band"]:
+            text = f"{p} is a musician born in {a['born_in']} in {year}, a member of the band {a['band']}."
+        else:
+            text = f"{p} is a businessperson born in {a['born_in']} in {year} who founded {a['company']}."
+        out.append(WorldPassage(f"person-{i:03d}", p, text, "person"))
+    for i in range(counts["tour"]):
+        b = rng.choice(bands)
+        t1, t2 = rng.sample([t for t in towns if t != kb.bands[b]["town"]], 2)
+        year = kb.bands[b]["year"] + rng.randrange(1, 8)
+        text = f"In {year} {b} toured {t1} and {t2}, playing {rng.randrange(6, 40)} concerts."
+        out.append(WorldPassage(f"tour-{i:03d}", f"{b} tour of {year}", text, "tour"))
+    for i, t in enumerate(rng.sample(towns, min(counts["festival"], len(towns)))):
+        b1, b2 = rng.sample([b for b in bands if kb.bands[b]["town"] != t], 2)
+        text = f"The {t} Festival is held each summer in {t}; past headliners include {b1} and {b2}."
+        out.append(WorldPassage(f"festival-{i:03d}", f"{t} Festival", text, "festival"))
+    for i, t in enumerate(rng.sample(towns, min(counts["station"], len(towns)))):
+        t2 = rng.choice([x for x in towns if x != t])
+        text = f"{t} Station is a railway station serving {t}, on the line to {t2}."
+        out.append(WorldPassage(f"station-{i:03d}", f"{t} Station", text, "station"))
+    for i in range(counts["factory"]):
+        c = rng.choice(companies)
+        t = rng.choice([x for x in towns if x != kb.companies[c]["town"]])
+        year, staff = rng.randrange(1900, 2015), rng.randrange(2, 40) * 10
+        text = f"The {c} factory in {t} opened in {year} and employs {staff} workers."
+        out.append(WorldPassage(f"factory-{i:03d}", f"{c} factory", text, "factory"))
+    return out
+
+
+def world_questions(kb: KnowledgeBase, gold_of: Dict[str, str], rng: random.Random) -> List[QAExample]:
+    """A one-hop and a two-hop question about every band and company; ``meta`` holds the subject,
+    the hops, the town, the river and the ids of the gold passages."""
+    out: List[QAExample] = []
+    for kind, table in (("band", kb.bands), ("company", kb.companies)):
+        for i, (s, a) in enumerate(table.items()):
+            town = a["town"]
+            river = kb.towns[town]["river"]
+            for hops in (1, 2):
+                q = rng.choice(QUESTION_TEMPLATES[(kind, hops)]).format(s=s)
+                if hops == 1:
+                    answers, gold, dataset = [town], [gold_of[s]], ONE_HOP
+                else:
+                    answers = [river, f"River {river}", f"{river} River"]
+                    gold, dataset = [gold_of[s], gold_of[town], gold_of[river]], TWO_HOP
+                meta = {"subject": s, "kind": kind, "hops": hops, "town": town, "river": river, "gold": gold}
+                out.append(QAExample(id=f"{dataset}-{kind}-{i:03d}", dataset=dataset, question=q,
+                                     answers=answers, meta=meta))
+    return out
+
+
+def write_world_text(kb: KnowledgeBase, seed: int, n_distractors: int) -> WorldText:
+    rng = random.Random(f"text-{seed}")
+    gold = gold_passages(kb, rng)
+    gold_of = {}
+    for p in gold:
+        gold_of[p.title[: -len(" (river)")] if p.kind == "river" else p.title] = p.id
+    passages = gold + distractor_passages(kb, rng, n_distractors)
+    rng.shuffle(passages)
+    return WorldText(passages=passages, questions=world_questions(kb, gold_of, rng), gold_of=gold_of)

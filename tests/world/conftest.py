@@ -1,0 +1,25 @@
+import pytest
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """The default tiny world with a BM25 index (about a second to build)."""
+    from mopd.data.tinyworld import build_world
+
+    return build_world(tmp_path_factory.mktemp("world") / "w", seed=0, index_kind="bm25")
+
+
+@pytest.fixture(scope="session")
+def world_tokenizer(world):
+    from mopd.data.warmstart import tokenizer_texts
+    from mopd.rollout.tiny_model import default_corpus, train_tokenizer
+
+    return train_tokenizer(default_corpus() + tokenizer_texts(world.root), vocab_size=1024)
+
+
+@pytest.fixture(scope="session")
+def retriever(world):
+    from mopd.data.warmstart import CachedRetriever
+    from mopd.retriever import open_retriever
+
+    return CachedRetriever(open_retriever(world.index))

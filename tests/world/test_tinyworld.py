@@ -1,0 +1,143 @@
+"""The tiny world: deterministic for a seed, answerable from its corpus, split without leaks."""
+
+import json
+import re
+
+import pytest
+
+from mopd.data.qa import load_flashrag
+from mopd.data.tinyworld import (WorldSettings, build_world, held_out_subjects, load_kb, load_question_meta,
+                                 load_split, read_settings)
+from mopd.data.world_kb import WorldSizes, generate_kb
+from mopd.data.world_text import ONE_HOP, TWO_HOP
+
+SMALL = dict(bands=30, companies=8, towns=12, rivers=4, twins=4, distractors=40, test_subjects=6,
+             dev_per_dataset=3, index_kind="bm25")
+
+
+def corpus_of(paths):
+    with paths.corpus.open(encoding="utf-8") as f:
+        return {r["id"]: r["contents"] for r in map(json.loads, f)}
+
+
+def words(text):
+    return re.findall(r"\b\S+\b", text)
+
+
+def test_same_seed_same_world_and_other_seed_other_world(tmp_path):
+    a = build_world(tmp_path / "a", settings=WorldSettings(seed=3, **SMALL))
+    b = build_world(tmp_path / "b", settings=WorldSettings(seed=3, **SMALL))
+    c = build_world(tmp_path / "c", settings=WorldSettings(seed=4, **SMALL))
+    for name in ("corpus", "kb", "train", "dev", "test"):
+        assert getattr(a, name).read_bytes() == getattr(b, name).read_bytes(), name
+    assert a.corpus.read_bytes() != c.corpus.read_bytes()
+    assert a.train.read_bytes() != c.train.read_bytes()
+
+
+def test_a_finished_world_is_reused_and_other_settings_rebuild_it(tmp_path):
+    s = WorldSettings(seed=1, **SMALL)
+    paths = build_world(tmp_path / "w", settings=s)
+    stamp = (paths.root / "world.json").stat().st_mtime_ns
+    assert build_world(tmp_path / "w", settings=s) == paths
+    assert (paths.root / "world.json").stat().st_mtime_ns == stamp
+    s2 = WorldSettings(seed=2, **SMALL)
+    build_world(tmp_path / "w", settings=s2)
+    assert read_settings(paths.root)["settings"]["seed"] == 2
+
+
+def test_default_world_sizes_and_files(world):
+    info = read_settings(world.root)
+    assert info["passages"] == 200 + 40 + 60 + 20 + 280
+    assert info["questions"] == {"train": 360, "dev": 40, "test": 80}
+    corpus = corpus_of(world)
+    assert len(corpus) == info["passages"]
+    for contents in corpus.values():
+        title, _, text = contents.partition("\n")
+        assert title and text and "\n" not in text
+    for split in ("train", "dev", "test"):
+        examples, report = load_flashrag(world.split(split))
+        assert report.skipped == 0 and {e.dataset for e in examples} == {ONE_HOP, TWO_HOP}
+    manifest = json.loads(world.manifest.read_text())
+    assert manifest["counts"]["test"] == {ONE_HOP: 40, TWO_HOP: 40}
+    assert manifest["disjoint_hashes_checked"]
+
+
+def test_every_answer_is_in_its_gold_passages(world):
+    corpus = corpus_of(world)
+    kb = load_kb(world)
+    meta = load_question_meta(world)
+    for split in ("train", "dev", "test"):
+        for q in load_split(world, split):
+            m = meta[q.question]
+            gold = [corpus[g] for g in m["gold"]]
+            assert m["subject"] in q.question and m["subject"] in gold[0]
+            assert m["town"] in words(gold[0])  # the subject's passage names its town
+            if m["hops"] == 1:
+                assert q.answers == [m["town"]] and kb.subject(m["subject"])["town"] == m["town"]
+            else:
+                # the town's passage and the river's passage both name the river, and the
+                # river's passage names the town
+                assert m["river"] in words(gold[1]) and m["river"] in words(gold[2]) and m["town"] in gold[2]
+                assert q.answers[0] == m["river"] == kb.towns[m["town"]]["river"]
+            assert all(a for a in q.answers)
+
+
+def test_no_distractor_contradicts_a_gold_fact(world):
+    """Only a subject's own passage says where it was formed / is headquartered, and only a town's
+    own passage or its river's passage puts it on a river."""
+    kb = load_kb(world)
+    for pid, contents in corpus_of(world).items():
+        title, _, text = contents.partition("\n")
+        for m in re.finditer(r"^(.+?) (?:is|are) an? \w+ (?:band|group).*?formed in (\w+)", text):
+            assert kb.bands[m.group(1)]["town"] == m.group(2)
+        for m in re.finditer(r"(\w+) is a (?:market )?town .*?river (\w+)", text):
+            assert kb.towns[m.group(1)]["river"] == m.group(2)
+        if not pid.startswith(("band", "company")):
+            assert "formed in" not in text and "headquarter" not in text
+
+
+def test_test_subjects_are_never_asked_about_in_training(world):
+    meta = load_question_meta(world)
+    train = {meta[q.question]["subject"] for s in ("train", "dev") for q in load_split(world, s)}
+    test = {meta[q.question]["subject"] for q in load_split(world, "test")}
+    assert train and test and not train & test
+    # each held-out subject gives its one-hop and its two-hop question
+    assert len(test) == 40
+
+
+def test_every_town_and_river_is_an_answer_in_training(world):
+    kb = load_kb(world)
+    answers = {a for q in load_split(world, "train") for a in q.answers}
+    assert set(kb.towns) <= answers
+    assert set(kb.rivers) <= answers
+
+
+def test_held_out_subjects_keep_training_subjects_in_every_town():
+    kb = generate_kb(5, WorldSizes())
+    held = set(held_out_subjects(kb, 40, seed=5, keep_per_town=2))
+    for town in kb.towns:
+        left = [s for s in list(kb.bands) + list(kb.companies) if kb.subject(s)["town"] == town and s not in held]
+        assert len(left) >= 2
+    with pytest.raises(ValueError):
+        held_out_subjects(kb, 230, seed=5)
+
+
+def test_confusable_names_exist():
+    kb = generate_kb(0, WorldSizes())
+    twins = [b for b in kb.bands if b + "s" in kb.bands]
+    assert len(twins) >= 8
+    shared_word = [b for b in kb.bands if sum(b.split()[0] == o.split()[0] for o in kb.bands) > 1]
+    assert len(shared_word) > len(kb.bands) // 2
+
+
+def test_bm25_finds_the_gold_passage_for_a_query_naming_the_entity(world, retriever):
+    meta = load_question_meta(world)
+    qs = load_split(world, "train")[:120]
+    ms = [meta[q.question] for q in qs]
+    results = retriever.search([m["subject"] for m in ms], 3)
+    hits = sum(m["gold"][0] in [p.id for p in r] for m, r in zip(ms, results))
+    assert hits / len(ms) >= 0.95
+    two = [m for m in ms if m["hops"] == 2]
+    results = retriever.search([f"{m['town']} river" for m in two], 3)
+    hits = sum(bool({m["gold"][1], m["gold"][2]} & {p.id for p in r}) for m, r in zip(two, results))
+    assert hits / len(two) >= 0.95
