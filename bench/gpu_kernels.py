@@ -68,6 +68,11 @@ from mopd.kernels.memtrack import TensorMemoryTracker  # noqa: E402
 
 LINES = []
 FAILED = []
+CHECKPOINT = [lambda: None]  # main() sets it to "write the summary so far": a timeout keeps partial results
+
+
+def checkpoint():
+    CHECKPOINT[0]()
 
 
 def report(ok, what, detail=""):
@@ -274,6 +279,7 @@ def run_timings(device, T, H, V, timer, summary):
     w = inp["weight"].detach().requires_grad_(True)
     sweep_launch_configs(inp, device, timer, summary)
     res = {}
+    summary["timings"] = res  # filled as it goes, saved at each checkpoint
 
     # the floor: the three matmuls the fused loss needs, same shapes, same run
     buf = {"z": torch.empty(T, V, device=device, dtype=dtype),
@@ -288,6 +294,7 @@ def run_timings(device, T, H, V, timer, summary):
     res["floor_3mm_ms"] = timer(floor)
     res["matmul_1_ms"] = timer(lambda: torch.mm(inp["hidden"], inp["weight"].T, out=buf["z"]))
     buf.clear()  # free the [T, V] buffer before the fused runs
+    checkpoint()
 
     def fused(backend, **kw):
         def fn():
@@ -298,6 +305,7 @@ def run_timings(device, T, H, V, timer, summary):
         return fn
 
     res["fused_triton_ms"] = timer(fused("triton"), grad_to_none=[h, w])
+    checkpoint()
     res["chunked_torch_ms"] = timer(fused("torch"), grad_to_none=[h, w])
 
     def scoring():
@@ -305,6 +313,7 @@ def run_timings(device, T, H, V, timer, summary):
             linear_logprobs(inp["hidden"], inp["weight"], inp["targets"], backend="triton")
 
     res["scoring_triton_ms"] = timer(scoring)
+    checkpoint()
 
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
@@ -333,6 +342,7 @@ def run_timings(device, T, H, V, timer, summary):
     res["fused_peak_extra_net_of_grads_gib"] = (peak - grads_bytes) / 2**30
     h.grad = w.grad = None
     res["scoring_peak_extra_gib"] = peak_extra_bytes(scoring, device) / 2**30
+    checkpoint()
     if device.type == "cuda" or T * V <= 2**22:
         try:
             res["reference_peak_extra_gib"] = peak_extra_bytes(fused("reference"), device) / 2**30
@@ -360,7 +370,6 @@ def run_timings(device, T, H, V, timer, summary):
     for k, v in res.items():
         if k != "chunk_budget_sweep":
             info(f"{k} = {v if v is None else round(v, 4)}")
-    summary["timings"] = res
     return res
 
 
@@ -428,11 +437,24 @@ def main():
     except Exception:
         summary["liger_kernel"] = None
     info(json.dumps(summary))
+
+    def save(final=False):
+        summary["failed_checks"] = FAILED
+        summary["lines"] = LINES
+        summary["wall_s"] = round(time.time() - t_start, 1)
+        summary["complete"] = final
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(summary, f, indent=2, default=str)
+
+    CHECKPOINT[0] = save
     torch.manual_seed(0)
     # dry run: V > the interpreter's BLOCK_V (two online blocks), and V < H
     shapes = [(12, 16, 1100), (5, 40, 33)] if args.dry_run else [(1000, 512, 50257), (333, 256, 32003),
                                                                   (1, 128, 151936)]
     check_correctness(device, shapes, summary)
+    checkpoint()
     targets_ok = True
     if not args.skip_timing:
         T, H, V = (8, 32, 1100) if args.dry_run else map(int, args.shape.split(","))
@@ -443,15 +465,10 @@ def main():
         except Exception as e:
             traceback.print_exc()
             report(False, f"timing run raised {type(e).__name__}: {e}")
-    summary["failed_checks"] = FAILED
-    summary["lines"] = LINES
-    summary["wall_s"] = round(time.time() - t_start, 1)
     ok = not FAILED and (targets_ok or not args.strict)
     summary["ok"] = ok
+    save(final=True)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=2, default=str)
         print(f"INFO summary written to {args.out}", flush=True)
     print(f"{'PASS' if ok else 'FAIL'} gpu_kernels {'dry run ' if args.dry_run else ''}"
           f"({len(FAILED)} failed check(s), {summary['wall_s']} s)", flush=True)

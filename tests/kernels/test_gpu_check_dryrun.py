@@ -23,6 +23,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert "FAIL" not in out
     summary = json.loads((tmp_path / "kernels_gpu.json").read_text())
     assert summary["dry_run"] is True and summary["ok"] is True and summary["failed_checks"] == []
+    assert summary["complete"] is True
     assert len(summary["correctness"]) == 4  # two shapes x (fp32, bf16)
     for key in ("floor_3mm_ms", "fused_triton_ms", "chunked_torch_ms", "scoring_triton_ms",
                 "fused_peak_extra_net_of_grads_gib"):
