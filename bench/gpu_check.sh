@@ -34,10 +34,19 @@ if [ -n "${OUT:-}" ]; then
   log="$OUT/kernels_gpu.log"
 fi
 
-# 470 s leaves the 8-minute budget some slack for the interpreter start and the file copy.
-timeout 470 "$PY" bench/gpu_kernels.py "${out_args[@]}" "$@" 2>&1 | tee "$log"
+# 360 s for the kernels plus 90 s for the training step leave the 8-minute budget some slack.
+timeout 360 "$PY" bench/gpu_kernels.py "${out_args[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" = 124 ]; then
-  echo "FAIL gpu_check: timed out after 470 s"
+  echo "FAIL gpu_check: kernels timed out after 360 s"
 fi
+
+# One training step of a small Qwen3-architecture model with the HF engine (DESIGN §7, trainer issue).
+step_args=()
+[ "$dry" = 1 ] && step_args+=(--dry-run)
+[ -n "${OUT:-}" ] && step_args+=(--out "$OUT/train_step.json")
+timeout 90 "$PY" bench/gpu_train_step.py "${step_args[@]}" 2>&1 | tee -a "$log"
+step_rc=${PIPESTATUS[0]}
+[ "$step_rc" = 124 ] && echo "FAIL gpu_check: training step timed out after 90 s"
+[ "$rc" = 0 ] && rc=$step_rc
 exit "$rc"

@@ -273,8 +273,7 @@ class PolicyTrainer:
             "perf/rollout_s": t_rollout, "perf/score_s": t_score, "perf/train_s": t_train,
             "perf/rollout_tokens_per_s": n_gen / max(t_rollout, 1e-9),
             "perf/score_tokens_per_s": n_tok * (2 if self.teacher else 1) / max(t_score, 1e-9),
-            "perf/train_tokens_per_s": n_tok * cfg.trainer.ppo_minibatches / max(t_train, 1e-9)
-            if len(batches) >= cfg.trainer.ppo_minibatches else n_tok / max(t_train, 1e-9),
+            "perf/train_tokens_per_s": n_tok / max(t_train, 1e-9),
             "perf/padding_frac": padding_fraction(batches), "perf/micro_batches": len(batches),
             "lr": self.scheduler.get_last_lr()[0],
         })
