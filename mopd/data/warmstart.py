@@ -44,12 +44,14 @@ class WarmStartSettings:
     """Demonstration episodes (all their agent calls) per optimiser step."""
     attempts: int = 4
     """Demonstrations per training question and workflow."""
+    max_questions: Optional[int] = None
+    """Use only the first N training questions (quick runs and tests); None: all."""
     workflows: Tuple[str, ...] = ("cmas", "hmas")
     lr: float = 2e-3
     warmup_frac: float = 0.05
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    micro_batch_tokens: int = 12288
+    micro_batch_tokens: int = 4096
     """Padded tokens per forward/backward (memory bound only; the step is the same either way)."""
     seed: int = 0
     vocab_size: int = 1024
@@ -135,8 +137,9 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
         records = run_workflows(engine, retriever, tokenizer, qs, workflow=wf, attempts=attempts,
                                 rollout_cfg=rollout_config(wf), answer_candidates=1, temperature=1.0, top_p=1.0,
                                 seed=seed, method="demo", progress=progress)
-        tokens = 0
+        tokens, cut = 0, 0
         for r in records:
+            cut += sum(f == "length" for c in r.calls for f in c.finish_reasons)
             calls = [(c.token_ids(), c.loss_mask()) for c in r.calls if c.segments]
             demos.episodes.append(calls)
             tokens += sum(len(ids) for ids, _ in calls)
@@ -145,6 +148,7 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
             "em": sum(exact_match(r.final_answer, r.answers) for r in records) / max(1, len(records)),
             "searches_per_episode": sum(r.search_actions for r in records) / max(1, len(records)),
             "tokens_per_episode": tokens / max(1, len(records)),
+            "outputs_cut_at_max_tokens": cut,
         }
     return demos
 
@@ -214,7 +218,7 @@ def sft_loss_sum(model, seqs: Sequence[Tuple[List[int], List[int]]], pad_id: int
 
 def train_sft(model, demos: Demonstrations, *, steps: int, episodes_per_step: int, lr: float, seed: int,
               pad_id: int, warmup_frac: float = 0.05, weight_decay: float = 0.0, grad_clip: float = 1.0,
-              micro_batch_tokens: int = 12288, log_every: int = 10, progress: bool = False) -> List[float]:
+              micro_batch_tokens: int = 4096, log_every: int = 10, progress: bool = False) -> List[float]:
     """Supervised fine-tuning; returns the mean loss of every step."""
     import torch
 
@@ -272,11 +276,13 @@ def _world_fingerprint(world_dir) -> str:
 
 
 def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: Optional[WarmStartSettings] = None,
-              progress: bool = True, **overrides) -> Path:
+              threads: Optional[int] = None, progress: bool = True, **overrides) -> Path:
     """Warm-start pi_0 on the tiny world in ``world_dir`` (from :func:`mopd.data.tinyworld.build_world`);
     returns ``out_dir`` (a model directory). ``settings`` or keyword ``overrides`` (any
     :class:`WarmStartSettings` field) change the recipe; a finished ``out_dir`` with the same
-    recipe and world is returned at once."""
+    recipe and world is returned at once. ``threads``: torch CPU threads while training (None:
+    torch's default). On a busy machine 1 is the safe choice: with 2 threads and the other core
+    taken, every small op waits for the descheduled thread and training runs 5-10x slower."""
     s = settings or WarmStartSettings(steps=steps, seed=seed)
     if overrides:
         s = WarmStartSettings(**{**asdict(s), **overrides})
@@ -292,10 +298,12 @@ def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: 
 
     from mopd.config import RetrieverConfig
     from mopd.data.demo_policy import DemoStyle
-    from mopd.data.tinyworld import WorldPaths
+    from mopd.data.tinyworld import WorldPaths, load_split
     from mopd.retriever import load_retriever
     from mopd.rollout.tiny_model import init_tiny_model
 
+    if threads is not None:
+        torch.set_num_threads(threads)
     t_start = time.perf_counter()
     if out.exists():
         shutil.rmtree(out)
@@ -309,8 +317,9 @@ def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: 
     style = DemoStyle(good_query=s.good_query, right_copy=s.right_copy, right_pick=s.right_pick,
                       search_first=s.search_first)
     t_demo = time.perf_counter()
+    questions = load_split(paths, "train")[:s.max_questions]
     demos = make_demonstrations(paths.root, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
-                                seed=s.seed, style=style, progress=False)
+                                seed=s.seed, style=style, questions=questions, progress=False)
     t_train = time.perf_counter()
     if progress:
         print(f"pi0: {len(demos.episodes)} demonstration episodes in {t_train - t_demo:.0f}s; "

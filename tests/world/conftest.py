@@ -23,3 +23,15 @@ def retriever(world):
     from mopd.retriever import open_retriever
 
     return CachedRetriever(open_retriever(world.index))
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared 2-core box: with two threads every small op waits for a
+    descheduled thread (tens of times slower); one thread is fast and steady."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

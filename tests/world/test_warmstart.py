@@ -1,0 +1,123 @@
+"""The pi_0 warm start: the SFT loss (shared prefixes, loss masks), a few steps that learn, caching, CLI."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from mopd.cli import main
+from mopd.data.tinyworld import load_split
+from mopd.data.warmstart import (build_pi0, make_demonstrations, micro_batches, read_pi0, sft_loss_sum,
+                                 shared_prefix_len, train_sft)
+
+TINY = dict(hidden=32, layers=1, heads=2, ffn=64, vocab_size=600)
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=True)
+    return Qwen3ForCausalLM(cfg).float()
+
+
+def random_seqs(rng, n, prefix_len, vocab=97):
+    prefix = [rng.randrange(vocab) for _ in range(prefix_len)]
+    out = []
+    for _ in range(n):
+        env = [rng.randrange(vocab) for _ in range(rng.randrange(1, 9))]
+        model = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
+        env2 = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))]
+        model2 = [rng.randrange(vocab) for _ in range(rng.randrange(0, 6))]
+        ids = prefix + env + model + env2 + model2
+        mask = [0] * (prefix_len + len(env)) + [1] * len(model) + [0] * len(env2) + [1] * len(model2)
+        out.append((ids, mask))
+    return out
+
+
+def reference_loss(model, seqs):
+    """Per-sequence full forward, cross-entropy of every loss-mask token given its history."""
+    total, n = 0.0, 0
+    for ids, mask in seqs:
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        picked = logp.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        trained = torch.tensor(mask[1:], dtype=torch.bool)
+        total = total - picked[trained].sum()
+        n += int(trained.sum())
+    return total, n
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_sft_loss_matches_a_per_sequence_reference_in_value_and_gradient(small_model, share):
+    seqs = random_seqs(random.Random(1), 5, prefix_len=13)
+    loss, n = sft_loss_sum(small_model, seqs, pad_id=0, share_prefix=share)
+    grads = torch.autograd.grad(loss, list(small_model.parameters()))
+    ref, n_ref = reference_loss(small_model, seqs)
+    ref_grads = torch.autograd.grad(ref, list(small_model.parameters()))
+    assert n == n_ref
+    torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
+
+
+def test_shared_prefix_stops_before_the_first_trained_token():
+    seqs = [([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 1, 1]), ([1, 2, 3, 4, 9], [0, 0, 0, 0, 1])]
+    assert shared_prefix_len(seqs) == 3  # position 3 predicts the first loss token, so it is not shared
+    seqs = [([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, 1]), ([1, 2, 7, 4, 9, 9], [0, 0, 0, 0, 1, 1])]
+    assert shared_prefix_len(seqs) == 2
+
+
+def test_micro_batches_group_by_prompt_and_respect_the_budget():
+    rng = random.Random(0)
+    seqs = [([k] * 20 + [rng.randrange(9) for _ in range(rng.randrange(5, 60))], []) for k in (1, 2) for _ in range(15)]
+    batches = micro_batches(seqs, budget=200)
+    assert sorted(i for b in batches for i in b) == list(range(len(seqs)))
+    for b in batches:
+        assert len({seqs[i][0][0] for i in b}) == 1
+        assert len(b) == 1 or len(b) * max(len(seqs[i][0]) for i in b) <= 200
+
+
+def test_a_few_sft_steps_on_demonstrations_lower_the_loss(world, world_tokenizer, retriever):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    demos = make_demonstrations(world.root, world_tokenizer, retriever, attempts=1,
+                                questions=load_split(world, "train")[:8])
+    assert len(demos.episodes) == 16 and all(v["outputs_cut_at_max_tokens"] == 0 for v in demos.stats.values())
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(world_tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         head_dim=16, tie_word_embeddings=True))
+    losses = train_sft(model, demos, steps=8, episodes_per_step=2, lr=2e-2, seed=0,
+                       pad_id=world_tokenizer.pad_token_id)
+    assert len(losses) == 8
+    assert sum(losses[-2:]) / 2 < losses[0] - 1.0
+
+
+def test_build_pi0_writes_a_loadable_model_and_reuses_it(world, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = dict(steps=2, episodes_per_step=2, attempts=1, max_questions=4, progress=False, **TINY)
+    out = build_pi0(world.root, tmp_path / "pi0", **kw)
+    info = read_pi0(out)
+    assert info["settings"]["steps"] == 2 and len(info["losses"]) == 2 and info["seconds"]["sft"] >= 0
+    assert set(info["demonstrations"]) == {"cmas", "hmas"}
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.hidden_size == 32 and tok.eos_token == "<|im_end|>"
+    assert len(tok.encode("<search>")) == 1
+    stamp = (out / "pi0.json").stat().st_mtime_ns
+    assert build_pi0(world.root, tmp_path / "pi0", **kw) == out
+    assert (out / "pi0.json").stat().st_mtime_ns == stamp
+
+
+def test_world_cli(tmp_path, capsys):
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--index", "bm25"]) == 0
+    assert "train 360" in capsys.readouterr().out
+    info = json.loads((tmp_path / "w" / "world.json").read_text())
+    assert info["settings"]["index_kind"] == "bm25"
+    assert main(["world", "pi0", "--world", str(tmp_path / "missing"), "--out", str(tmp_path / "p")]) == 2
+    assert "no finished tiny world" in capsys.readouterr().err
+    assert main(["world", "check", "--model", str(tmp_path), "--world", str(tmp_path / "w")]) == 2
