@@ -18,5 +18,5 @@ start = t.step
 m = t.fit(2 if not resume else 3)
 t.export(Path(out) / "export")
 digest = float(sum(p.full_tensor().double().sum() for p in t.model.parameters()))
-print("RESULT", json.dumps({"rank": t.rank, "start": start, "step": t.step, "loss": m["loss/total"],
-                            "digest": digest}), flush=True)
+result = {"rank": t.rank, "start": start, "step": t.step, "loss": m["loss/total"], "digest": digest}
+(Path(out) / f"result_rank{t.rank}.json").write_text(json.dumps(result))

@@ -19,15 +19,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(*args, timeout=600):
+def torchrun(model, qa, out, *rest, timeout=600):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()),
-           str(WORKER), *map(str, args)]
+           str(WORKER), str(model), str(qa), str(out), *rest]
+    for old in Path(out).glob("result_rank*.json"):
+        old.unlink()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in p.stdout.splitlines() if "RESULT " in line]
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return sorted(results, key=lambda r: r["rank"])
+    return [json.loads((Path(out) / f"result_rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.slow

@@ -130,7 +130,7 @@ def test_fixed_batch_loss_goes_down(tiny_model_dir, qa_file, tmp_path):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
 def test_nonfinite_loss_is_skipped_logged_then_stops(tiny_model_dir, qa_file, tmp_path, monkeypatch):
     import mopd.kernels as kernels
 
