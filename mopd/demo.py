@@ -43,6 +43,14 @@ class DemoSettings:
     """flat (MiniLM embeddings, FAISS) or bm25."""
     overrides: List[str] = field(default_factory=list)
     """Extra config overrides applied to every training stage (e.g. trainer.lr=5e-4)."""
+    quick: bool = False
+    """A smoke run of the pipeline (a smaller world, a few SFT and RL steps, short workflows): checks
+    that every stage and artifact works, says nothing about the method."""
+
+
+QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "rollout.answer_candidates=2",
+                   "trainer.val_every=1", "data.dev_size=2", "rollout.max_output_tokens=24", "rollout.max_steps=3",
+                   "rollout.max_rounds=1"]
 
 
 def _log(msg: str) -> None:
@@ -51,7 +59,7 @@ def _log(msg: str) -> None:
 
 def _stage_config(preset: str, s: DemoSettings, world, model: str, out: Path, steps: int,
                   teacher: str = "") -> Config:
-    o = [f"model.path={model}", f"data.train={world.train}", f"data.dev={world.dev}",
+    o = (QUICK_OVERRIDES if s.quick else []) + [f"model.path={model}", f"data.train={world.train}", f"data.dev={world.dev}",
          f"retriever.kind=inprocess", f"retriever.index={world.index}", f"trainer.out_dir={out}",
          f"trainer.steps={steps}", f"trainer.seed={s.seed}", f"rollout.seed={s.seed}"]
     if teacher:
@@ -82,18 +90,35 @@ def _train_stage(name: str, cfg: Config, retriever, export_dir: Path) -> Path:
 
 
 def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s: DemoSettings, out: Path) -> Path:
+    """The paper's protocol (1 candidate, T 0.6, top-p 0.95) with the tiny presets' workflow limits."""
     from mopd.eval.runner import evaluate
 
+    tiny = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd")
     cfg = resolve("cmas_base" if workflow == "cmas" else "hmas_base",
-                  [f"model.path={model_dir}", f"eval.attempts={s.attempts}", "rollout.max_input_tokens=2048",
-                   "rollout.max_output_tokens=64", f"rollout.seed={s.seed}"])
-    if workflow == "hmas":
-        cfg.rollout.max_steps, cfg.rollout.max_rounds, cfg.rollout.max_searchers_per_wave = 8, 3, 2
+                  [f"model.path={model_dir}", f"eval.attempts={s.attempts}", f"rollout.seed={s.seed}"]
+                  + (QUICK_OVERRIDES[5:] if s.quick else []))
+    for key in ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds", "max_searchers_per_wave"):
+        if not (s.quick and key in ("max_output_tokens", "max_steps", "max_rounds")):
+            setattr(cfg.rollout, key, getattr(tiny.rollout, key))
     _log(f"eval {name}: {len(questions)} questions x {s.attempts} attempts ({workflow})")
     t0 = time.perf_counter()
     path = evaluate(model_dir, None, retriever, questions, workflow, s.attempts, cfg, out, method=name)
     _log(f"eval {name}: {time.perf_counter() - t0:.0f}s")
     return path
+
+
+def spread_over_datasets(questions, n: int):
+    """The first ``n`` questions taken round-robin over datasets (so a short run sees every dataset)."""
+    by: Dict[str, list] = {}
+    for q in questions:
+        by.setdefault(q.dataset, []).append(q)
+    out, i = [], 0
+    while len(out) < min(n, len(questions)):
+        for qs in by.values():
+            if i < len(qs) and len(out) < n:
+                out.append(qs[i])
+        i += 1
+    return out
 
 
 def run_demo(s: DemoSettings) -> Path:
@@ -112,13 +137,23 @@ def run_demo(s: DemoSettings) -> Path:
 
     t = time.perf_counter()
     _log(f"world + {s.index_kind} index -> {root / 'world'}")
-    world = build_world(root / "world", seed=s.seed, index_kind=s.index_kind)
+    if s.quick:
+        from mopd.data.tinyworld import WorldSettings
+
+        small = WorldSettings(seed=s.seed, bands=24, companies=8, towns=8, rivers=4, twins=2, distractors=20,
+                              test_subjects=4, dev_per_dataset=2, index_kind=s.index_kind)
+        world = build_world(root / "world", settings=small)
+    else:
+        world = build_world(root / "world", seed=s.seed, index_kind=s.index_kind)
     retriever = load_retriever(RetrieverConfig(kind="inprocess", index=str(world.index)))
     times["world"] = time.perf_counter() - t
 
     t = time.perf_counter()
     _log(f"pi_0 warm start (SFT on scripted demonstrations) -> {root / 'pi0'}")
     kw = {"steps": s.pi0_steps} if s.pi0_steps is not None else {}
+    kw["threads"] = 1   # small ops: one thread is faster, and robust on a shared machine
+    if s.quick:
+        kw.update(steps=s.pi0_steps or 3, max_questions=8, attempts=1, episodes_per_step=4)
     pi0 = str(build_pi0(world.root, root / "pi0", seed=s.seed, **kw))
     times["pi0"] = time.perf_counter() - t
 
@@ -150,7 +185,7 @@ def run_demo(s: DemoSettings) -> Path:
     t = time.perf_counter()
     questions = load_split(world, "test")
     if s.test_questions is not None:
-        questions = questions[:s.test_questions]
+        questions = spread_over_datasets(questions, s.test_questions)
     runs = []
     for name, model_dir, workflow in systems:
         slug = name.lower().replace(" ", "_").replace("+", "plus").replace("-", "_")

@@ -37,13 +37,11 @@ def _demo(args) -> int:
                      bootstrap_draws=args.draws, with_ablations=args.with_ablations,
                      index_kind="bm25" if args.bm25 else "flat", overrides=list(args.overrides))
     if args.quick:
-        s.pi0_steps = args.pi0_steps or 20
+        s.quick = True
         s.stage1_steps, s.stage2_steps = 2, 2
-        s.test_questions = args.test_questions or 6
+        s.test_questions = args.test_questions or 4
         s.attempts = min(args.attempts, 2)
         s.bootstrap_draws = 200
-        s.overrides = ["trainer.questions_per_step=4", "rollout.group_size=2", "trainer.val_every=1",
-                       "data.dev_size=4"] + s.overrides
     report = run_demo(s)
     print(f"report: {report}")
     return 0

@@ -73,6 +73,8 @@ class PolicyTrainer:
         self.run_dir = Path(cfg.trainer.out_dir)
         self.progress = progress and self.rank == 0
         torch.manual_seed(cfg.trainer.seed + self.rank)
+        if self.device.type == "cpu" and cfg.trainer.cpu_threads:
+            torch.set_num_threads(cfg.trainer.cpu_threads)
 
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.model, self.tokenizer = load_causal_lm(cfg.model.path, dtype=dtype, device=self.device,

@@ -1,0 +1,65 @@
+"""The built-in default, shortened: every stage runs, every artifact is written, the report renders."""
+
+import json
+import math
+from pathlib import Path
+
+from mopd.demo import DemoSettings, run_demo, spread_over_datasets
+
+
+def _numbers(x):
+    if isinstance(x, bool):
+        return
+    if isinstance(x, (int, float)):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _numbers(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _numbers(v)
+
+
+def test_quick_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    s = DemoSettings(out=str(out), quick=True, stage1_steps=2, stage2_steps=2, test_questions=4, attempts=2,
+                     bootstrap_draws=100)
+    report = run_demo(s)
+    assert report == out / "report" / "report.md"
+    for rel in ("world/world.json", "world/corpus.jsonl", "world/questions/manifest.json", "world/index",
+                "pi0/pi0.json", "pi0/config.json", "stage1/export/model.safetensors", "stage2/export/model.safetensors",
+                "stage1/metrics.jsonl", "stage2/metrics.jsonl", "stage1/training.png", "stage2/training.png",
+                "report/metrics.json", "report/per_dataset.png", "report/cost_accuracy.png",
+                "report/validation.png", "timings.json"):
+        assert (out / rel).exists(), rel
+    runs = sorted(p.name for p in (out / "eval").iterdir())
+    assert runs == ["c_mas_base", "c_mas_plus_rl", "h_mas_base", "multiagent_opd"]
+    for r in runs:
+        lines = (out / "eval" / r / "records.jsonl").read_text().splitlines()
+        assert len(lines) == 4 * 2
+    metrics = json.loads((out / "report" / "metrics.json").read_text())
+    assert all(math.isfinite(v) for v in _numbers(metrics))
+    assert metrics["systems"] == ["C-MAS base", "C-MAS + RL", "H-MAS base", "MultiAgent-OPD"]
+    for stage in ("stage1", "stage2"):
+        rows = [json.loads(x) for x in (out / stage / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [0, 1, 2]
+        for r in rows:
+            for k, v in r.items():
+                assert not isinstance(v, str) or k == "time", (stage, k, v)   # non-finite values are logged as strings
+    text = report.read_text()
+    assert "## Main results" in text and "MultiAgent-OPD" in text and "per_dataset.png" in text
+    # the second run reuses every finished stage
+    t = json.loads((out / "timings.json").read_text())
+    run_demo(s)
+    t2 = json.loads((out / "timings.json").read_text())
+    assert t2["stage1"] < 5 and t2["stage2"] < 5 and t2["pi0"] < 5, (t, t2)
+
+
+def test_spread_over_datasets():
+    class Q:
+        def __init__(self, d, i):
+            self.dataset, self.id = d, i
+
+    qs = [Q("a", 0), Q("a", 1), Q("a", 2), Q("b", 0), Q("b", 1)]
+    assert [(q.dataset, q.id) for q in spread_over_datasets(qs, 3)] == [("a", 0), ("b", 0), ("a", 1)]
+    assert len(spread_over_datasets(qs, 10)) == 5
