@@ -66,24 +66,32 @@ def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
     if not p.is_file():
         raise DataError(f"dataset file {p} does not exist")
     name = dataset or (p.parent.name if p.stem in ("train", "dev", "test", "valid") else p.stem)
-    report = LoadReport(str(p))
-    out: List[QAExample] = []
+    def parse(item):
+        lineno, line = item
+        where = f"{p}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+        return _example_from_flashrag(row, name, where)
+
     with p.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-                out.append(_example_from_flashrag(row, name, where))
-            except DataError as e:
-                if not skip_malformed:
-                    raise
-                report.skipped += 1
-                report.problems.append(str(e))
+        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    return _collect(lines, parse, p, skip_malformed)
+
+
+def _collect(items, parse, path: Path, skip_malformed: bool) -> Tuple[List[QAExample], LoadReport]:
+    """Parse every item; a DataError stops the load, or is counted and skipped when asked."""
+    report = LoadReport(str(path))
+    out: List[QAExample] = []
+    for item in items:
+        try:
+            out.append(parse(item))
+        except DataError as e:
+            if not skip_malformed:
+                raise
+            report.skipped += 1
+            report.problems.append(str(e))
     report.loaded = len(out)
     return out, report
 
@@ -104,19 +112,8 @@ def load_searchr1_parquet(path: str | os.PathLike, skip_malformed: bool = False
         rows = pq.read_table(p).to_pylist()
     except Exception as e:  # pyarrow raises many types for a broken file
         raise DataError(f"{p}: not a readable parquet file ({e})") from None
-    report = LoadReport(str(p))
-    out: List[QAExample] = []
-    for i, row in enumerate(rows):
-        where = f"{p}: row {i}"
-        try:
-            out.append(_example_from_searchr1(row, i, where))
-        except DataError as e:
-            if not skip_malformed:
-                raise
-            report.skipped += 1
-            report.problems.append(str(e))
-    report.loaded = len(out)
-    return out, report
+    return _collect(enumerate(rows), lambda item: _example_from_searchr1(item[1], item[0], f"{p}: row {item[0]}"),
+                    p, skip_malformed)
 
 
 def _example_from_searchr1(row: dict, index: int, where: str) -> QAExample:
