@@ -83,15 +83,30 @@ def lm_head_weight(model: nn.Module) -> torch.Tensor:
 def packed_hidden(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
     """Final hidden states [L, H] of a packed micro-batch, each sequence attending only to itself.
 
-    With flash-attn (CUDA) the restarting position ids mark the sequences (varlen kernel);
-    otherwise a block-diagonal causal mask goes to SDPA.
+    With flash-attn (CUDA) the restarting position ids mark the sequences (varlen kernel, no
+    padding). Otherwise the sequences are laid out as a right-padded [S, max_len] batch for SDPA
+    and unpadded afterwards: attention then costs sum_s max_len^2 instead of the L^2 of one
+    block-diagonal row (20x less for 8k-token micro-batches of 400-token calls).
     """
     impl = getattr(model.config, "_attn_implementation", "sdpa")
-    kwargs = dict(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False)
-    if impl != "flash_attention_2":
-        kwargs["attention_mask"] = batch.attention_mask()
-    out = model.model(**kwargs)
-    return out.last_hidden_state[0]
+    if impl == "flash_attention_2":
+        out = model.model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False)
+        return out.last_hidden_state[0]
+    lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
+    if len(lengths) == 1:
+        out = model.model(input_ids=batch.input_ids[None], use_cache=False)
+        return out.last_hidden_state[0]
+    width = max(lengths)
+    device = batch.input_ids.device
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                   torch.tensor(lengths, device=device))
+    cols = batch.position_ids
+    ids = torch.zeros(len(lengths), width, dtype=batch.input_ids.dtype, device=device)
+    ids[rows, cols] = batch.input_ids
+    mask = torch.zeros(len(lengths), width, dtype=torch.long, device=device)
+    mask[rows, cols] = 1
+    out = model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+    return out.last_hidden_state[rows, cols]
 
 
 @torch.no_grad()
