@@ -87,6 +87,7 @@ class DemoPolicy:
         and the Answerer recognise a gold fact quoted in a report)."""
         self.kb, self.style = kb, style
         self._gold_sentences = dict(first_sentences)
+        self._fits = None
         self._question_patterns = [(_pattern(t), kind, hops)
                                    for (kind, hops), ts in QUESTION_TEMPLATES.items() for t in ts]
         self._subtask_patterns = ([(_pattern(t), k, 1) for k, t in SUBTASK_TOWN.items()]
@@ -140,7 +141,14 @@ class DemoPolicy:
         return next((d for d in docs if test(d, name)), None)
 
     # ---- roles -----------------------------------------------------------------------
-    def act(self, prompt: str, rng: random.Random) -> str:
+    def fits(self, text: str) -> bool:
+        """Whether an output fits the turn's token limit (set per request by the engine)."""
+        return self._fits(text) if self._fits is not None else True
+
+    def act(self, prompt: str, rng: random.Random, fits=None) -> str:
+        """The output for a decoded prompt; ``fits(text)`` says whether a text fits the turn's
+        output limit (a report that would not drops its earlier sentences)."""
+        self._fits = fits
         view = read_prompt(prompt)
         return {"searcher": self._searcher, "leader": self._leader, "answerer": self._answerer}[view.role](view, rng)
 
@@ -193,7 +201,10 @@ class DemoPolicy:
             sentences.append(view.searches[-1][0].first_sentence)
         if not sentences:
             return self._guess(task, rng)
-        return " ".join(dict.fromkeys(sentences))
+        sentences = list(dict.fromkeys(sentences))
+        while len(sentences) > 1 and not self.fits(f"<report>{' '.join(sentences)}</report>"):
+            sentences.pop(0)  # keep the last hop: it holds the answer
+        return " ".join(sentences)
 
     def _guess(self, task: Task, rng: random.Random) -> str:
         """A report written without evidence: a made-up fact of the right shape."""
@@ -300,13 +311,27 @@ class DemoEngine:
     def __init__(self, policy: DemoPolicy, tokenizer, seed: int = 0):
         self.policy, self.tokenizer, self.seed = policy, tokenizer, seed
         self.eos_id = tokenizer.eos_token_id
+        # The Rust tokenizer directly: the Python wrapper's per-call overhead dominated demo generation.
+        self._fast = getattr(tokenizer, "backend_tokenizer", None)
+
+    def _decode(self, ids) -> str:
+        if self._fast is not None:
+            return self._fast.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _count(self, text: str) -> int:
+        if self._fast is not None:
+            return len(self._fast.encode(text, add_special_tokens=False).ids)
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def generate(self, requests: Sequence[GenerationRequest]) -> List[List[Completion]]:
         out = []
         for req in requests:
-            prompt = self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False)
+            prompt = self._decode(req.prompt_ids)
+            limit = req.params.max_new_tokens
+            fits = lambda text, limit=limit: self._count(text) < limit  # noqa: E731
             out.append([self._completion(self.policy.act(prompt, random.Random(derive_seed(
-                self.seed, req.params.seed, j))), req.params) for j in range(req.params.n)])
+                self.seed, req.params.seed, j)), fits), req.params) for j in range(req.params.n)])
         return out
 
     def _completion(self, text: str, params) -> Completion:

@@ -8,7 +8,10 @@ of every role (Searcher, Leader, Answerer; C-MAS and H-MAS) while leaving room f
    random Qwen3 model (:func:`mopd.rollout.tiny_model.init_tiny_model`);
 2. demonstrations: the real ``run_workflows`` over the training questions with the scripted,
    deliberately imperfect :class:`mopd.data.demo_policy.DemoEngine`, so every sequence is exactly
-   what the model will see (token ids and loss masks of each agent call);
+   what the model will see (token ids and loss masks of each agent call); and over every
+   question of a few *practice worlds* (other seeds), where the same names mean other facts, so
+   that pi_0 learns to copy names from its prompt instead of memorising training answers (test
+   questions are about entities no training question mentions);
 3. next-token cross-entropy on the model-written tokens (loss mask 1) only, token-mean per step,
    AdamW with warm-up and cosine decay.
 
@@ -22,6 +25,7 @@ loss curve, wall time, demo statistics). A finished directory with the same sett
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -46,6 +50,11 @@ class WarmStartSettings:
     """Demonstrations per training question and workflow."""
     max_questions: Optional[int] = None
     """Use only the first N training questions (quick runs and tests); None: all."""
+    practice_worlds: int = 6
+    """Other worlds (other seeds, BM25 index) whose every question is demonstrated once per
+    workflow. The same names carry different facts in each, so the only way to fit them is to
+    copy from the prompt (query from question, report from passages, answer from reports):
+    without them pi_0 memorised the training answers (train EM 0.39, test EM 0.05)."""
     workflows: Tuple[str, ...] = ("cmas", "hmas")
     lr: float = 2e-3
     warmup_frac: float = 0.05
@@ -54,7 +63,7 @@ class WarmStartSettings:
     micro_batch_tokens: int = 4096
     """Padded tokens per forward/backward (memory bound only; the step is the same either way)."""
     seed: int = 0
-    vocab_size: int = 1024
+    vocab_size: int = 2048
     hidden: int = 128
     layers: int = 2
     heads: int = 4
@@ -71,6 +80,24 @@ class Demonstrations:
 
     episodes: List[List[Tuple[List[int], List[int]]]] = field(default_factory=list)
     stats: Dict[str, dict] = field(default_factory=dict)
+
+    def extend(self, other: "Demonstrations", label: str) -> None:
+        self.episodes.extend(other.episodes)
+        for wf, st in other.stats.items():
+            self.stats[f"{label}/{wf}"] = st
+
+
+def practice_world_seeds(seed: int, n: int) -> List[int]:
+    """Seeds of the practice worlds of pi_0 number ``seed`` (far from the small seeds users pick)."""
+    return [100_000 + 1_000 * seed + k for k in range(n)]
+
+
+def build_practice_worlds(base_dir, seed: int, n: int) -> list:
+    """The practice worlds (BM25 indexes: a second each), built once under ``base_dir``."""
+    from mopd.data.tinyworld import WorldSettings, build_world
+
+    return [build_world(Path(base_dir) / f"seed{ps}", settings=WorldSettings(seed=ps, index_kind="bm25"))
+            for ps in practice_world_seeds(seed, n)]
 
 
 class CachedRetriever:
@@ -89,10 +116,12 @@ class CachedRetriever:
         return [self.cache[(q, k)] for q in queries]
 
 
+@functools.lru_cache(maxsize=None)
 def rollout_config(workflow: str):
     """The workflow limits the demo trains and evaluates with: those of the tiny presets
     (``tiny_cmas_rl`` for C-MAS, ``tiny_mopd`` for H-MAS), so pi_0 learns the step budgets, round
-    limits and forced endings it will meet in Stage I and Stage II."""
+    limits and forced endings it will meet in Stage I and Stage II. (Cached: resolving a preset
+    costs a second; callers only read it.)"""
     from mopd.config import resolve
 
     return resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd").rollout
@@ -104,11 +133,17 @@ of the text and split into pieces (the Searcher's system prompt took 190 tokens 
 BPE); weighted, every word is one token (108), and the world's passages lose little."""
 
 
+NAME_WEIGHT = 4
+"""Copies of the world's name vocabulary (:func:`mopd.data.world_kb.name_vocabulary`) among the
+tokenizer's training texts: with a 2,048-token BPE every town, river and name word is one token."""
+
+
 def tokenizer_texts(world_dir) -> List[str]:
     """What the tokenizer is trained on: every passage, the training questions, the subtask
-    wordings, and the role prompts ``PROMPT_WEIGHT`` times."""
+    wordings, the role prompts ``PROMPT_WEIGHT`` times and the name vocabulary ``NAME_WEIGHT`` times."""
     from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
     from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.data.world_kb import name_vocabulary
     from mopd.rollout.prompts import ALL_PROMPT_TEXTS
 
     paths = WorldPaths.of(world_dir)
@@ -117,7 +152,9 @@ def tokenizer_texts(world_dir) -> List[str]:
     texts += [q.question for q in load_split(paths, "train")]
     texts += list(SUBTASK_TOWN.values()) + list(SUBTASK_TWO_HOP.values()) + [SUBTASK_RIVER]
     chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
-    return texts + (list(ALL_PROMPT_TEXTS) + [chat_roles]) * PROMPT_WEIGHT
+    names = name_vocabulary()
+    name_lines = [" ".join(names[i:i + 20]) for i in range(0, len(names), 20)]
+    return texts + (list(ALL_PROMPT_TEXTS) + [chat_roles]) * PROMPT_WEIGHT + name_lines * NAME_WEIGHT
 
 
 def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),
@@ -299,7 +336,7 @@ def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: 
     from mopd.config import RetrieverConfig
     from mopd.data.demo_policy import DemoStyle
     from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.retriever import load_retriever
+    from mopd.retriever import load_retriever, open_retriever
     from mopd.rollout.tiny_model import init_tiny_model
 
     if threads is not None:
@@ -318,8 +355,14 @@ def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: 
                       search_first=s.search_first)
     t_demo = time.perf_counter()
     questions = load_split(paths, "train")[:s.max_questions]
-    demos = make_demonstrations(paths.root, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
-                                seed=s.seed, style=style, questions=questions, progress=False)
+    demos = Demonstrations()
+    demos.extend(make_demonstrations(paths.root, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
+                                     seed=s.seed, style=style, questions=questions), "world")
+    for practice in build_practice_worlds(out.with_name(out.name + "_practice_worlds"), s.seed, s.practice_worlds):
+        qs = [q for split in ("train", "dev", "test") for q in load_split(practice, split)][:s.max_questions]
+        demos.extend(make_demonstrations(practice.root, tokenizer, CachedRetriever(open_retriever(practice.index)),
+                                         workflows=s.workflows, attempts=1, seed=s.seed, style=style, questions=qs),
+                     f"practice/{practice.root.name}")
     t_train = time.perf_counter()
     if progress:
         print(f"pi0: {len(demos.episodes)} demonstration episodes in {t_train - t_demo:.0f}s; "

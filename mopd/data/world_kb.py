@@ -12,17 +12,15 @@ Everything is drawn from one ``random.Random(seed)``: the same seed gives the sa
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List
 
-TOWN_HEADS = ["Ash", "Brack", "Cald", "Dun", "Elm", "Fen", "Gar", "Hal", "Ink", "Kel", "Lor", "Mar", "Nor",
-              "Oak", "Pel", "Quen", "Rav", "Sel", "Thorn", "Ul", "Vel", "Wren", "Yar", "Brom", "Cress",
-              "Dal", "Fal", "Hest", "Lund", "Mold"]
-TOWN_TAILS = ["ford", "wick", "bury", "ham", "ton", "mere", "stead", "field", "holm", "by", "port", "combe"]
-RIVER_SYLLABLES = [("V", "Ors", "T", "El", "Gr", "M", "S", "K", "Br", "D", "L", "Z"),
-                   ("a", "e", "i", "o", "u", "ae"),
-                   ("rn", "lsk", "mble", "ssa", "ven", "dle", "rra", "nith", "lla", "ska")]
+TOWN_HEADS = ["Ash", "Brack", "Cald", "Dun", "Elm", "Fen", "Gar", "Hal", "Kel", "Lor", "Mar", "Nor", "Oak", "Pel",
+              "Rav", "Sel", "Thorn", "Vel", "Wren", "Brom"]
+TOWN_TAILS = ["ford", "wick", "bury", "ham", "ton", "mere", "by", "port"]
+RIVER_SYLLABLES = [("V", "Ors", "T", "El", "Gr", "M"), ("a", "e", "i", "ae"), ("rn", "lsk", "ssa", "ven", "dle")]
 BAND_ADJECTIVES = ["Copper", "Silver", "Velvet", "Hollow", "Paper", "Broken", "Electric", "Midnight", "Golden",
                    "Crimson", "Quiet", "Wild", "Iron", "Glass", "Neon", "Lucky", "Northern", "Salt", "Amber",
                    "Static", "Pale", "Burning", "Frozen", "Little", "Secret", "Wandering", "Rusty", "Solar",
@@ -46,6 +44,18 @@ INDUSTRY_WORDS = {"Textiles": "textile", "Foods": "food", "Shipping": "shipping"
 REGIONS = ["Westmarch", "Hollowvale", "Eastreach", "Lowmark", "Northmoor", "Downland"]
 HILLS = ["Grey", "Heather", "Stone", "Blue", "Wether", "High"]
 SEAS = ["the Narrow Sea", "the Grey Sea", "the Bight of Sull"]
+
+
+def name_vocabulary() -> List[str]:
+    """Every name any world can use (all 160 towns, all 120 rivers, the words of band, people's
+    and company names): the tokenizer of pi_0 learns each as one token, so copying a name from
+    the prompt is copying one token, which the tiny model learns within the warm-start budget
+    (two-piece town names were copied by their first piece only)."""
+    towns = [h + t for h in TOWN_HEADS for t in TOWN_TAILS]
+    rivers = ["".join(p) for p in itertools.product(*RIVER_SYLLABLES)]
+    singular = [n[:-1] for n in BAND_NOUNS]
+    words = [w for i in INDUSTRIES for w in i.split()]
+    return towns + rivers + BAND_ADJECTIVES + BAND_NOUNS + singular + FIRST_NAMES + SURNAMES + words + REGIONS + GENRES
 
 
 @dataclass

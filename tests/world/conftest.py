@@ -14,7 +14,7 @@ def world_tokenizer(world):
     from mopd.data.warmstart import tokenizer_texts
     from mopd.rollout.tiny_model import default_corpus, train_tokenizer
 
-    return train_tokenizer(default_corpus() + tokenizer_texts(world.root), vocab_size=1024)
+    return train_tokenizer(default_corpus() + tokenizer_texts(world.root), vocab_size=2048)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from mopd.data.tinyworld import load_split
 from mopd.data.warmstart import (build_pi0, make_demonstrations, micro_batches, read_pi0, sft_loss_sum,
                                  shared_prefix_len, train_sft)
 
-TINY = dict(hidden=32, layers=1, heads=2, ffn=64, vocab_size=600)
+TINY = dict(hidden=32, layers=1, heads=2, ffn=64, vocab_size=1200)
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +99,13 @@ def test_a_few_sft_steps_on_demonstrations_lower_the_loss(world, world_tokenizer
 def test_build_pi0_writes_a_loadable_model_and_reuses_it(world, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = dict(steps=2, episodes_per_step=2, attempts=1, max_questions=4, progress=False, **TINY)
+    kw = dict(steps=2, episodes_per_step=2, attempts=1, max_questions=4, practice_worlds=1, progress=False, **TINY)
     out = build_pi0(world.root, tmp_path / "pi0", **kw)
     info = read_pi0(out)
     assert info["settings"]["steps"] == 2 and len(info["losses"]) == 2 and info["seconds"]["sft"] >= 0
-    assert set(info["demonstrations"]) == {"cmas", "hmas"}
+    assert set(info["demonstrations"]) == {"world/cmas", "world/hmas", "practice/seed100000/cmas",
+                                           "practice/seed100000/hmas"}
+    assert (tmp_path / "pi0_practice_worlds" / "seed100000" / "world.json").is_file()
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.hidden_size == 32 and tok.eos_token == "<|im_end|>"
@@ -121,3 +123,14 @@ def test_world_cli(tmp_path, capsys):
     assert main(["world", "pi0", "--world", str(tmp_path / "missing"), "--out", str(tmp_path / "p")]) == 2
     assert "no finished tiny world" in capsys.readouterr().err
     assert main(["world", "check", "--model", str(tmp_path), "--world", str(tmp_path / "w")]) == 2
+
+
+def test_the_pi0_tokenizer_makes_names_and_role_prompts_compact(world_tokenizer):
+    from mopd.data.world_kb import name_vocabulary
+    from mopd.rollout import prompts
+
+    names = name_vocabulary()
+    single = [n for n in names if len(world_tokenizer.encode(" " + n, add_special_tokens=False)) == 1]
+    assert len(single) >= 0.95 * len(names)
+    words = len(prompts.SEARCHER_SYSTEM.split())
+    assert len(world_tokenizer.encode(prompts.SEARCHER_SYSTEM, add_special_tokens=False)) < 1.5 * words
