@@ -329,7 +329,7 @@ class DemoEngine:
         for req in requests:
             prompt = self._decode(req.prompt_ids)
             limit = req.params.max_new_tokens
-            fits = lambda text, limit=limit: self._count(text) < limit  # noqa: E731
+            fits = lambda text, limit=limit: self._count(text) < limit
             out.append([self._completion(self.policy.act(prompt, random.Random(derive_seed(
                 self.seed, req.params.seed, j)), fits), req.params) for j in range(req.params.n)])
         return out

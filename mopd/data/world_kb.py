@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 TOWN_HEADS = ["Ash", "Brack", "Cald", "Dun", "Elm", "Fen", "Gar", "Hal", "Kel", "Lor", "Mar", "Nor", "Oak", "Pel",
               "Rav", "Sel", "Thorn", "Vel", "Wren", "Brom"]
@@ -109,8 +109,10 @@ def _unique(rng: random.Random, make, n: int, taken: set) -> List[str]:
     return out
 
 
-def generate_kb(seed: int = 0, sizes: WorldSizes = WorldSizes()) -> KnowledgeBase:
-    """Draw a world. Every town gets a river, every river at least one town."""
+def generate_kb(seed: int = 0, sizes: Optional[WorldSizes] = None) -> KnowledgeBase:
+    """Draw a world (default sizes: :class:`WorldSizes`). Every town gets a river, every river at
+    least one town."""
+    sizes = sizes or WorldSizes()
     if sizes.rivers > sizes.towns:
         raise ValueError("need at least as many towns as rivers (every river flows through a town)")
     if sizes.twins * 2 > sizes.bands:

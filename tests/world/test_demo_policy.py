@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mopd.data.demo_policy import (SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy)
+from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy
 from mopd.data.demo_reader import read_prompt
 from mopd.data.tinyworld import load_question_meta, load_split
 from mopd.data.warmstart import rollout_config
@@ -19,8 +19,8 @@ PERFECT = DemoStyle(good_query=1.0, right_copy=1.0, right_pick=1.0, search_first
 CARELESS = DemoStyle(good_query=0.0, right_copy=0.0, right_pick=0.0, search_first=0.0, good_subtask=0.0)
 
 
-def run(world, tok, retriever, workflow, questions, style=DemoStyle(), seed=0, attempts=1):
-    engine = DemoEngine(world_policy(world.root, style), tok, seed=seed)
+def run(world, tok, retriever, workflow, questions, style=None, seed=0, attempts=1):
+    engine = DemoEngine(world_policy(world.root, style or DemoStyle()), tok, seed=seed)
     return run_workflows(engine, retriever, tok, questions, workflow=workflow, attempts=attempts,
                          rollout_cfg=rollout_config(workflow), answer_candidates=1, temperature=1.0, top_p=1.0,
                          seed=seed, progress=False)
@@ -89,7 +89,7 @@ def test_demonstrations_are_deterministic_for_a_seed(world, world_tokenizer, ret
     a = run(world, world_tokenizer, retriever, "hmas", qs, seed=5)
     b = run(world, world_tokenizer, retriever, "hmas", qs, seed=5)
     c = run(world, world_tokenizer, retriever, "hmas", qs, seed=6)
-    ids = lambda recs: [c.token_ids() for r in recs for c in r.calls]  # noqa: E731
+    ids = lambda recs: [c.token_ids() for r in recs for c in r.calls]
     assert ids(a) == ids(b) and ids(a) != ids(c)
 
 

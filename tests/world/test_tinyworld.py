@@ -6,12 +6,19 @@ import re
 import pytest
 
 from mopd.data.qa import load_flashrag
-from mopd.data.tinyworld import (WorldSettings, build_world, held_out_subjects, load_kb, load_question_meta,
-                                 load_split, read_settings)
+from mopd.data.tinyworld import (
+    WorldSettings,
+    build_world,
+    held_out_questions,
+    load_kb,
+    load_question_meta,
+    load_split,
+    read_settings,
+)
 from mopd.data.world_kb import WorldSizes, generate_kb
 from mopd.data.world_text import ONE_HOP, TWO_HOP
 
-SMALL = dict(bands=30, companies=8, towns=12, rivers=4, twins=4, distractors=40, test_subjects=6,
+SMALL = dict(bands=30, companies=8, towns=12, rivers=4, twins=4, distractors=40, test_per_dataset=6,
              dev_per_dataset=3, index_kind="bm25")
 
 
@@ -96,13 +103,17 @@ def test_no_distractor_contradicts_a_gold_fact(world):
             assert "formed in" not in text and "headquarter" not in text
 
 
-def test_test_subjects_are_never_asked_about_in_training(world):
+def test_test_questions_are_new_and_their_siblings_are_in_training(world):
     meta = load_question_meta(world)
-    train = {meta[q.question]["subject"] for s in ("train", "dev") for q in load_split(world, s)}
-    test = {meta[q.question]["subject"] for q in load_split(world, "test")}
-    assert train and test and not train & test
-    # each held-out subject gives its one-hop and its two-hop question
-    assert len(test) == 40
+    train = {q.question for s in ("train", "dev") for q in load_split(world, s)}
+    test = load_split(world, "test")
+    subjects = [meta[q.question]["subject"] for q in test]
+    assert len(set(subjects)) == len(test) == 80  # one test question per subject
+    trained = {(meta[q]["subject"], meta[q]["hops"]) for q in train}
+    for q in test:
+        m = meta[q.question]
+        assert q.question not in train
+        assert (m["subject"], 3 - m["hops"]) in trained and (m["subject"], m["hops"]) not in trained
 
 
 def test_every_town_and_river_is_an_answer_in_training(world):
@@ -112,14 +123,16 @@ def test_every_town_and_river_is_an_answer_in_training(world):
     assert set(kb.rivers) <= answers
 
 
-def test_held_out_subjects_keep_training_subjects_in_every_town():
+def test_held_out_questions_pick_one_hop_per_subject():
+    from mopd.data.world_text import write_world_text
+
     kb = generate_kb(5, WorldSizes())
-    held = set(held_out_subjects(kb, 40, seed=5, keep_per_town=2))
-    for town in kb.towns:
-        left = [s for s in list(kb.bands) + list(kb.companies) if kb.subject(s)["town"] == town and s not in held]
-        assert len(left) >= 2
+    qs = write_world_text(kb, 5, 10).questions
+    held = held_out_questions(qs, 30, seed=5)
+    assert sorted(q.meta["hops"] for q in held) == [1] * 30 + [2] * 30
+    assert len({q.meta["subject"] for q in held}) == 60
     with pytest.raises(ValueError):
-        held_out_subjects(kb, 230, seed=5)
+        held_out_questions(qs, 200, seed=5)
 
 
 def test_confusable_names_exist():
