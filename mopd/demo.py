@@ -141,7 +141,7 @@ def run_demo(s: DemoSettings) -> Path:
         from mopd.data.tinyworld import WorldSettings
 
         small = WorldSettings(seed=s.seed, bands=24, companies=8, towns=8, rivers=4, twins=2, distractors=20,
-                              test_subjects=4, dev_per_dataset=2, index_kind=s.index_kind)
+                              test_per_dataset=4, dev_per_dataset=2, index_kind=s.index_kind)
         world = build_world(root / "world", settings=small)
     else:
         world = build_world(root / "world", seed=s.seed, index_kind=s.index_kind)
