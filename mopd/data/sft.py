@@ -52,9 +52,10 @@ def micro_batches(seqs: Sequence[Seq], budget: int, key_len: int = 16) -> List[L
     return out
 
 
-def sft_loss_sum(model, seqs: Sequence[Seq], pad_id: int, share_prefix: bool = True):
+def sft_loss_sum(model, seqs: Sequence[Seq], pad_id: int, share_prefix: bool = True, token_weights=None):
     """Summed next-token cross-entropy over the loss-mask tokens of ``seqs`` (right-padded, no
-    attention mask needed under causal attention), and the number of those tokens.
+    attention mask needed under causal attention), and the number of those tokens; with
+    ``token_weights`` (a [vocab] tensor), each token's term and count weighted by its target's weight.
 
     ``share_prefix``: their common prefix (the role's system prompt) is run once and its KV cache
     repeated for every row, instead of once per row; gradients flow through the cache into the
@@ -82,13 +83,17 @@ def sft_loss_sum(model, seqs: Sequence[Seq], pad_id: int, share_prefix: bool = T
     predict = mask[:, 1:]  # position i predicts token i+1
     hidden = model.model(**kwargs).last_hidden_state[:, :-1][predict]
     logits = model.lm_head(hidden).float()
-    loss = F.cross_entropy(logits, ids[:, 1:][predict], reduction="sum")
-    return loss, int(predict.sum())
+    targets = ids[:, 1:][predict]
+    if token_weights is None:
+        return F.cross_entropy(logits, targets, reduction="sum"), float(predict.sum())
+    w = token_weights[targets]
+    return (F.cross_entropy(logits, targets, reduction="none") * w).sum(), float(w.sum())
 
 
 def train_sft(model, episodes: Sequence[Sequence[Seq]], *, steps: int, episodes_per_step: int, lr: float, seed: int,
               pad_id: int, warmup_frac: float = 0.05, weight_decay: float = 0.0, grad_clip: float = 1.0,
-              micro_batch_tokens: int = 4096, log_every: int = 10, progress: bool = False) -> List[float]:
+              micro_batch_tokens: int = 4096, log_every: int = 10, progress: bool = False,
+              token_weights=None) -> List[float]:
     """Supervised fine-tuning on ``episodes`` (each a list of sequences, trained together),
     ``episodes_per_step`` drawn per step without replacement (reshuffled each epoch); AdamW with
     linear warm-up and cosine decay, gradient clipping, token-mean loss per step. Returns the
@@ -112,10 +117,13 @@ def train_sft(model, episodes: Sequence[Sequence[Seq]], *, steps: int, episodes_
                 rng.shuffle(order)
             batch.append(order.pop())
         seqs = [s for e in batch for s in episodes[e]]
-        n_tokens = sum(sum(m[1:]) for _, m in seqs)
+        if token_weights is None:
+            n_tokens = float(sum(sum(m[1:]) for _, m in seqs))
+        else:
+            n_tokens = float(sum(float(token_weights[t]) for ids, m in seqs for t, k in zip(ids[1:], m[1:]) if k))
         total = 0.0
         for mb in micro_batches(seqs, micro_batch_tokens):
-            loss, _ = sft_loss_sum(model, [seqs[i] for i in mb], pad_id)
+            loss, _ = sft_loss_sum(model, [seqs[i] for i in mb], pad_id, token_weights=token_weights)
             (loss / n_tokens).backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

@@ -65,6 +65,9 @@ class WarmStartSettings:
     layers: int = 2
     heads: int = 4
     ffn: int = 384
+    name_weight: float = 1.0
+    """Loss weight of target tokens that are names (towns, rivers, people, band words; the tokens
+    the policy must copy from its prompt) relative to the other trained tokens."""
     good_query: float = 0.6
     right_copy: float = 0.7
     right_pick: float = 0.7
@@ -187,6 +190,15 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
     return demos
 
 
+def name_token_ids(tokenizer) -> List[int]:
+    """Ids of the one-token names of :func:`mopd.data.world_kb.name_vocabulary` (as in running
+    text, after a space)."""
+    from mopd.data.world_kb import name_vocabulary
+
+    ids = [tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
+    return sorted({i[0] for i in ids if len(i) == 1})
+
+
 def read_pi0(out_dir) -> Optional[dict]:
     p = Path(out_dir) / PI0_FILE
     if not p.is_file():
@@ -261,7 +273,11 @@ def build_pi0(world_dir, out_dir, *, steps: int = 300, seed: int = 0, settings: 
         print(f"pi0: {len(demos.episodes)} demonstration episodes in {t_train - t_demo:.0f}s; "
               f"training {s.steps} steps x {s.episodes_per_step} episodes", file=sys.stderr, flush=True)
     torch.manual_seed(s.seed)
-    losses = train_sft(model, demos.episodes, steps=s.steps, episodes_per_step=s.episodes_per_step, lr=s.lr, seed=s.seed,
+    weights = None
+    if s.name_weight != 1.0:
+        weights = torch.ones(len(tokenizer))
+        weights[name_token_ids(tokenizer)] = s.name_weight
+    losses = train_sft(model, demos.episodes, token_weights=weights, steps=s.steps, episodes_per_step=s.episodes_per_step, lr=s.lr, seed=s.seed,
                        pad_id=tokenizer.pad_token_id, warmup_frac=s.warmup_frac, weight_decay=s.weight_decay,
                        grad_clip=s.grad_clip, micro_batch_tokens=s.micro_batch_tokens, progress=progress)
     t_end = time.perf_counter()

@@ -134,3 +134,18 @@ def test_the_pi0_tokenizer_makes_names_and_role_prompts_compact(world_tokenizer)
     assert len(single) >= 0.95 * len(names)
     words = len(prompts.SEARCHER_SYSTEM.split())
     assert len(world_tokenizer.encode(prompts.SEARCHER_SYSTEM, add_special_tokens=False)) < 1.5 * words
+
+
+def test_token_weights_scale_each_target_term(small_model):
+    seqs = random_seqs(random.Random(2), 4, prefix_len=5)
+    plain, n = sft_loss_sum(small_model, seqs, pad_id=0)
+    ones, n1 = sft_loss_sum(small_model, seqs, pad_id=0, token_weights=torch.ones(97))
+    torch.testing.assert_close(plain, ones)
+    assert n == n1
+    w = torch.ones(97)
+    w[:50] = 3.0  # targets below 50 count three times
+    weighted, nw = sft_loss_sum(small_model, seqs, pad_id=0, token_weights=w)
+    low = [(ids, [k if ids[i] < 50 else 0 for i, k in enumerate(m)]) for ids, m in seqs]
+    low_loss, n_low = sft_loss_sum(small_model, low, pad_id=0)
+    torch.testing.assert_close(weighted, plain + 2 * low_loss, rtol=1e-5, atol=1e-5)
+    assert nw == n + 2 * n_low
