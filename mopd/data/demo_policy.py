@@ -35,11 +35,11 @@ from mopd.rollout.sampling import derive_seed
 class DemoStyle:
     """How careless the scripted team is (probabilities of doing the right thing)."""
 
-    good_query: float = 0.6
+    good_query: float = 0.8
     """A query naming the entity; otherwise a vague one without the name."""
-    right_copy: float = 0.7
+    right_copy: float = 0.9
     """A report quotes the passage holding the fact; otherwise another passage of that search."""
-    right_pick: float = 0.7
+    right_pick: float = 0.9
     """The Answerer picks the supported answer when the reports hold it; otherwise another name."""
     search_first: float = 0.9
     """A Searcher searches before reporting; otherwise it reports a guess at once."""
