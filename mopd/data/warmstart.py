@@ -56,7 +56,7 @@ class WarmStartSettings:
     taught copying of band names into queries but not of towns into reports (test EM 0.00-0.05),
     so they are off by default; kept for longer warm starts and bigger models."""
     workflows: Tuple[str, ...] = ("cmas", "hmas")
-    lr: float = 2e-3
+    lr: float = 3e-3
     warmup_frac: float = 0.05
     weight_decay: float = 0.0
     grad_clip: float = 1.0
