@@ -120,7 +120,7 @@ def train_sft(model, episodes: Sequence[Sequence[Seq]], *, steps: int, episodes_
         if token_weights is None:
             n_tokens = float(sum(sum(m[1:]) for _, m in seqs))
         else:
-            n_tokens = float(sum(float(token_weights[t]) for ids, m in seqs for t, k in zip(ids[1:], m[1:]) if k))
+            n_tokens = float(sum(float(token_weights[t]) for ids, m in seqs for t, k in zip(ids[1:], m[1:], strict=True) if k))
         total = 0.0
         for mb in micro_batches(seqs, micro_batch_tokens):
             loss, _ = sft_loss_sum(model, [seqs[i] for i in mb], pad_id, token_weights=token_weights)

@@ -114,7 +114,7 @@ class CachedRetriever:
     def search(self, queries: List[str], k: int):
         todo = list(dict.fromkeys(q for q in queries if (q, k) not in self.cache))
         if todo:
-            for q, r in zip(todo, self.retriever.search(todo, k)):
+            for q, r in zip(todo, self.retriever.search(todo, k), strict=True):
                 self.cache[(q, k)] = r
         return [self.cache[(q, k)] for q in queries]
 

@@ -148,9 +148,9 @@ def test_bm25_finds_the_gold_passage_for_a_query_naming_the_entity(world, retrie
     qs = load_split(world, "train")[:120]
     ms = [meta[q.question] for q in qs]
     results = retriever.search([m["subject"] for m in ms], 3)
-    hits = sum(m["gold"][0] in [p.id for p in r] for m, r in zip(ms, results))
+    hits = sum(m["gold"][0] in [p.id for p in r] for m, r in zip(ms, results, strict=True))
     assert hits / len(ms) >= 0.95
     two = [m for m in ms if m["hops"] == 2]
     results = retriever.search([f"{m['town']} river" for m in two], 3)
-    hits = sum(bool({m["gold"][1], m["gold"][2]} & {p.id for p in r}) for m, r in zip(two, results))
+    hits = sum(bool({m["gold"][1], m["gold"][2]} & {p.id for p in r}) for m, r in zip(two, results, strict=True))
     assert hits / len(two) >= 0.95

@@ -59,7 +59,7 @@ def test_sft_loss_matches_a_per_sequence_reference_in_value_and_gradient(small_m
     ref_grads = torch.autograd.grad(ref, list(small_model.parameters()))
     assert n == n_ref
     torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
 
 
