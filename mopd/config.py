@@ -281,8 +281,14 @@ class TrainerConfig:
     cpu_threads: int = 0
     """CPU runs only: torch intra-op threads for training (0 keeps torch's default). Small models
     train faster on 1 thread when the machine is shared, since every op's barrier waits for all."""
+    old_logprobs: str = "recompute"
+    """Where the PPO ratio's pi_old (and OPD's and the KL's) comes from: "recompute" (a no-grad
+    forward of the policy over the batch, exact whatever the engine) or "rollout" (the log-probs the
+    engine recorded while sampling: saves that forward, exact only when the engine computes them like
+    the trainer, i.e. the HF engine at top_p 1; TRL's single-iteration GRPO makes the same saving)."""
 
     def __post_init__(self):
+        _choice("trainer.old_logprobs", self.old_logprobs, {"recompute", "rollout"})
         _positive("trainer.cpu_threads", self.cpu_threads, allow_zero=True)
         for name in ("steps", "questions_per_step", "ppo_minibatches", "micro_batch_tokens",
                      "keep_checkpoints", "max_bad_steps"):
@@ -334,6 +340,13 @@ class Config:
     def __post_init__(self):
         if self.rollout.workflow == "cmas" and self.algo.leader.advantage == "opd":
             raise ConfigError("algo.leader.advantage=opd makes no sense for the cmas workflow (no Leader)")
+        if self.trainer.old_logprobs == "rollout":
+            if self.rollout.engine != "hf":
+                raise ConfigError("trainer.old_logprobs=rollout needs rollout.engine=hf: other engines compute "
+                                  "sampling log-probs differently (precision, processed logits); use recompute")
+            if self.rollout.top_p < 1:
+                raise ConfigError(f"trainer.old_logprobs=rollout needs rollout.top_p=1 (got {self.rollout.top_p}): "
+                                  "the engine records log-probs before the nucleus cut; use recompute")
 
     def teacher_roles(self) -> List[str]:
         """Roles whose training signal needs teacher log-probs (OPD or KL in reward)."""

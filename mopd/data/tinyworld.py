@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from mopd.data.markers import read_marker
 from mopd.data.qa import QAExample, load_flashrag, write_questions
 from mopd.data.splits import build_splits, write_splits
 from mopd.data.world_kb import KnowledgeBase, WorldSizes, generate_kb
@@ -130,13 +131,8 @@ def _covering_splits(kb: KnowledgeBase, questions: List[QAExample], test_per_dat
 
 
 def read_settings(root) -> Optional[dict]:
-    p = Path(root) / WORLD_FILE
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None
+    """The build marker of ``root`` (None: nothing finished there)."""
+    return read_marker(Path(root) / WORLD_FILE)
 
 
 def build_world(out_dir, seed: int = 0, *, settings: Optional[WorldSettings] = None, index_kind: Optional[str] = None,

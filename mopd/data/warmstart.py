@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from mopd.data.markers import read_marker
 from mopd.data.sft import train_sft
 
 PI0_FILE = "pi0.json"
@@ -203,13 +204,8 @@ def name_token_ids(tokenizer) -> List[int]:
 
 
 def read_pi0(out_dir) -> Optional[dict]:
-    p = Path(out_dir) / PI0_FILE
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None
+    """The build marker of ``out_dir`` (None: nothing finished there)."""
+    return read_marker(Path(out_dir) / PI0_FILE)
 
 
 def _world_fingerprint(world_dir) -> str:

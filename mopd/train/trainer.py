@@ -247,8 +247,11 @@ class PolicyTrainer:
         t1 = time.perf_counter()
         refs, batches = self._pack(records)
         temp = cfg.rollout.temperature
-        with torch.no_grad():
-            old_logp = [self.policy(b, "logprobs", temperature=temp) for b in batches]
+        if cfg.trainer.old_logprobs == "rollout":
+            old_logp = [b.sampling_logp for b in batches]   # the engine's, same weights and temperature
+        else:
+            with torch.no_grad():
+                old_logp = [self.policy(b, "logprobs", temperature=temp) for b in batches]
         teacher_logp = None
         if self.teacher is not None:
             teacher_logp = [self.teacher.logprobs(b, temp) for b in batches]
@@ -274,7 +277,8 @@ class PolicyTrainer:
             "rollout/em": sum(_team_em(r) for r in records) / max(1, len(records)),
             "perf/rollout_s": t_rollout, "perf/score_s": t_score, "perf/train_s": t_train,
             "perf/rollout_tokens_per_s": n_gen / max(t_rollout, 1e-9),
-            "perf/score_tokens_per_s": n_tok * (2 if self.teacher else 1) / max(t_score, 1e-9),
+            "perf/score_tokens_per_s": n_tok * ((cfg.trainer.old_logprobs == "recompute") + (self.teacher is not None))
+            / max(t_score, 1e-9),
             "perf/train_tokens_per_s": n_tok / max(t_train, 1e-9),
             "perf/padding_frac": padding_fraction(batches), "perf/micro_batches": len(batches),
             "lr": self.scheduler.get_last_lr()[0],

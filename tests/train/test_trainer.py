@@ -169,3 +169,37 @@ def test_lost_retriever_stops_cleanly_with_checkpoint(tiny_model_dir, qa_file, t
     with pytest.raises(TrainingError, match="retriever is unreachable"):
         t.fit(2)
     assert (tmp_path / "run" / "checkpoints" / "step_000000").is_dir()
+
+
+def test_rollout_old_logprobs_match_recompute_and_skip_the_forward(tiny_model_dir, qa_file, tmp_path):
+    """pi_old from the engine's sampling log-probs: the same update as recomputing it, one forward fewer."""
+    runs = {}
+    for mode in ("recompute", "rollout"):
+        t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / mode, **{"trainer.old_logprobs": mode})
+        calls = []
+        forward = t.policy.forward
+
+        def counting(batch, what, *a, _f=forward, **kw):
+            calls.append(what)
+            return _f(batch, what, *a, **kw)
+
+        t.policy.forward = counting
+        m = t.fit(1)
+        runs[mode] = (m, params(t.model), calls)
+    (m_re, p_re, c_re), (m_ro, p_ro, c_ro) = runs["recompute"], runs["rollout"]
+    assert "logprobs" in c_re and "logprobs" not in c_ro
+    # two mini-batches: the second one's ratio and KL estimate depend on pi_old being right
+    assert m_ro["loss/approx_kl"] == pytest.approx(m_re["loss/approx_kl"], abs=1e-6)
+    assert m_ro["loss/clip_frac"] == m_re["loss/clip_frac"]
+    assert m_ro["loss/grad_norm"] == pytest.approx(m_re["loss/grad_norm"], rel=1e-3)
+    for k in p_re:
+        torch.testing.assert_close(p_ro[k], p_re[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [{"rollout.top_p": 0.9}, {"rollout.engine": "vllm"}])
+def test_rollout_old_logprobs_refuse_mismatched_engines(bad, tiny_model_dir, qa_file, tmp_path):
+    from mopd.config import ConfigError
+
+    with pytest.raises(ConfigError, match="old_logprobs=rollout"):
+        resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, tmp_path, **{"trainer.old_logprobs": "rollout"},
+                                          **bad))
