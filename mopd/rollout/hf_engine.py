@@ -115,8 +115,11 @@ class HFEngine:
         """Copy tensors into the parameters and buffers of the same names; tensors that already
         are the engine's own storage (a shared model) are skipped. Clears the prefix cache either
         way, so a trainer sharing its model calls this after each update."""
-        own = dict(self.model.named_parameters())
-        own.update(dict(self.model.named_buffers()))
+        # remove_duplicate=False: a tied weight answers to both its names (embed_tokens.weight and
+        # lm_head.weight), so a full state dict loads as is; the shared storage is written once.
+        own = dict(self.model.named_parameters(remove_duplicate=False))
+        own.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        written = set()
         with torch.no_grad():
             for name, tensor in named_tensors:
                 if name not in own:
@@ -124,7 +127,10 @@ class HFEngine:
                 dst = own[name]
                 if dst.data_ptr() == tensor.data_ptr() and dst.shape == tensor.shape:
                     continue
+                if dst.data_ptr() in written:
+                    continue
                 dst.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
+                written.add(dst.data_ptr())
         self.reset_prefix_cache()
 
     def sleep(self) -> None:

@@ -150,9 +150,7 @@ class PolicyTrainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        # named_parameters() lists a tied weight once (embed_tokens); the state dict has both names.
-        names = {n for n, _ in self.model.named_parameters()} | {n for n, _ in self.model.named_buffers()}
-        self.engine.load_weights((k, v) for k, v in sd.items() if k in names)
+        self.engine.load_weights(sd.items())
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:

@@ -156,3 +156,22 @@ def test_a_row_samples_the_same_next_to_rows_with_other_settings(hf_engine, toke
     alone = hf_engine.generate([plain])[0]
     mixed = hf_engine.generate([nucleus, plain])[1]
     assert [c.token_ids for c in alone] == [c.token_ids for c in mixed]
+
+
+def test_full_state_dict_with_tied_aliases_loads_as_is(tiny_dir, tokenizer):
+    """A trainer's full state dict names a tied weight twice (embed_tokens, lm_head): both load."""
+    from transformers import AutoModelForCausalLM
+
+    from mopd.rollout.hf_engine import HFEngine
+
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_dir), tokenizer)
+    src = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(torch.randn_like(p))
+    sd = src.state_dict()
+    assert src.config.tie_word_embeddings and "lm_head.weight" in sd
+    engine.load_weights(sd.items())
+    for name, t in sd.items():
+        assert torch.equal(engine.model.state_dict()[name], t), name
+    assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
