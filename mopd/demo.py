@@ -27,9 +27,9 @@ class DemoSettings:
     """Seed of the world, pi_0 and training."""
     pi0_steps: Optional[int] = None
     """SFT steps of the warm start (None: the warm-start recipe's default)."""
-    stage1_steps: int = 40
+    stage1_steps: int = 20
     """Stage I (C-MAS) training steps."""
-    stage2_steps: int = 30
+    stage2_steps: int = 20
     """Stage II (H-MAS) training steps."""
     test_questions: Optional[int] = None
     """Evaluate on the first N test questions (None: the whole test split)."""

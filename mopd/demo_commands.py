@@ -4,6 +4,9 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
+    from mopd.demo import DemoSettings
+
+    d = DemoSettings()
     p = sub.add_parser(
         "demo", help="the whole method end to end on the built-in tiny world (CPU, ~20 minutes)",
         description="Build a tiny search-QA world and its retrieval index, warm-start pi_0 by SFT, train "
@@ -15,8 +18,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the world, pi_0 and training (default 0)")
     p.add_argument("--with-ablations", action="store_true",
                    help="also train the outcome_searcher ablation and report search activity over training")
-    p.add_argument("--stage1-steps", type=int, default=40, help="Stage I steps (default 40)")
-    p.add_argument("--stage2-steps", type=int, default=30, help="Stage II steps (default 30)")
+    p.add_argument("--stage1-steps", type=int, default=d.stage1_steps,
+                   help=f"Stage I steps (default {d.stage1_steps})")
+    p.add_argument("--stage2-steps", type=int, default=d.stage2_steps,
+                   help=f"Stage II steps (default {d.stage2_steps})")
     p.add_argument("--pi0-steps", type=int, default=None, help="SFT steps of pi_0 (default: the recipe's)")
     p.add_argument("--test-questions", type=int, default=None,
                    help="evaluate on the first N test questions only (default: all)")
