@@ -105,8 +105,8 @@ def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLi
                 names: Optional[Sequence[str]] = None, reference: Optional[str] = None,
                 draws: int = DEFAULT_DRAWS, seed: int = DEFAULT_SEED, intersect: bool = False,
                 collapse_runs: Optional[Mapping[int, str | os.PathLike]] = None,
-                validation_logs: Sequence[str | os.PathLike] = (), make_plots: bool = True,
-                title: str = "Evaluation report") -> Path:
+                validation_logs: Sequence[str | os.PathLike] = (), validation_labels: Optional[Sequence[str]] = None,
+                make_plots: bool = True, title: str = "Evaluation report") -> Path:
     """Everything ``mopd eval report`` does: read the runs, summarise, write the report."""
     runs = load_runs(run_paths, names)
     summary = summarize(runs, reference=reference, draws=draws, seed=seed, intersect=intersect)
@@ -114,4 +114,4 @@ def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if collapse_runs:
         rows = collapse_table({int(step): read_eval_records(records_file(p)) for step, p in collapse_runs.items()})
     return write_report(summary, out_dir, collapse_rows=rows, validation_logs=validation_logs,
-                        make_plots=make_plots, title=title)
+                        validation_labels=validation_labels, make_plots=make_plots, title=title)

@@ -2,6 +2,8 @@
 
 import json
 import math
+
+import pytest
 from pathlib import Path
 
 from mopd.demo import DemoSettings, run_demo, spread_over_datasets
@@ -46,6 +48,11 @@ def test_quick_demo_end_to_end(tmp_path):
         for r in rows:
             for k, v in r.items():
                 assert not isinstance(v, str) or k == "time", (stage, k, v)   # non-finite values are logged as strings
+    claims = json.loads((out / "report" / "claims.json").read_text())
+    assert [(c["trained"], c["base"]) for c in claims] == [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
+    for c in claims:
+        lo, hi = c["ci"]
+        assert math.isfinite(c["diff"]) and lo <= c["diff"] <= hi and c["holds"] == (lo > 0)
     text = report.read_text()
     assert "## Main results" in text and "MultiAgent-OPD" in text and "per_dataset.png" in text
     # the second run reuses every finished stage
@@ -63,3 +70,31 @@ def test_spread_over_datasets():
     qs = [Q("a", 0), Q("a", 1), Q("a", 2), Q("b", 0), Q("b", 1)]
     assert [(q.dataset, q.id) for q in spread_over_datasets(qs, 3)] == [("a", 0), ("b", 0), ("a", 1)]
     assert len(spread_over_datasets(qs, 10)) == 5
+
+
+def test_claims_are_paired_differences_of_avg(tmp_path):
+    """check_claims against hand-made records: the trained system gets exactly 2 more attempts of 4 right
+    on every question, so the paired difference is +0.5 in every draw (unpaired draws would spread it)."""
+    from mopd.demo import check_claims
+    from mopd.rollout.records import WorkflowRecord, write_records
+
+    def run(name, correct_per_q, workflow):
+        recs = []
+        for qi, n_right in enumerate(correct_per_q):
+            for a in range(4):
+                ans = "Norwick" if a < n_right else "Lorbury"
+                recs.append(WorkflowRecord.from_dict({
+                    "question_id": f"q{qi}", "dataset": "tiny_1hop" if qi % 2 else "tiny_2hop", "question": "Where?",
+                    "answers": ["Norwick"], "workflow": workflow, "method": name, "attempt": a,
+                    "final_answer": ans, "calls": [], "events": [], "candidates": [f"<answer>{ans}</answer>"]}))
+        d = tmp_path / name
+        d.mkdir()
+        write_records(d / "records.jsonl", recs)
+        return d
+
+    base = [0, 1, 2, 1, 0, 2, 1, 2]
+    runs = {"C-MAS base": run("cb", base, "cmas"), "C-MAS + RL": run("cr", [n + 2 for n in base], "cmas"),
+            "H-MAS base": run("hb", base, "hmas"), "MultiAgent-OPD": run("mo", base[::-1], "hmas")}
+    c1, c2 = check_claims(runs, draws=200)
+    assert c1["diff"] == pytest.approx(0.5) and c1["ci"] == pytest.approx([0.5, 0.5]) and c1["holds"]
+    assert c2["diff"] == pytest.approx(0.0) and c2["ci"][0] < 0 < c2["ci"][1] and not c2["holds"]
