@@ -48,9 +48,10 @@ class DemoSettings:
     that every stage and artifact works, says nothing about the method."""
 
 
+QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
+"""Workflow limits of a quick run (training and evaluation)."""
 QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "rollout.answer_candidates=2",
-                   "trainer.val_every=1", "data.dev_size=2", "rollout.max_output_tokens=24", "rollout.max_steps=3",
-                   "rollout.max_rounds=1"]
+                   "trainer.val_every=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
 
 
 def _log(msg: str) -> None:
@@ -95,11 +96,12 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
 
     tiny = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd")
     cfg = resolve("cmas_base" if workflow == "cmas" else "hmas_base",
-                  [f"model.path={model_dir}", f"eval.attempts={s.attempts}", f"rollout.seed={s.seed}"]
-                  + (QUICK_OVERRIDES[5:] if s.quick else []))
+                  [f"model.path={model_dir}", f"eval.attempts={s.attempts}", f"rollout.seed={s.seed}"])
     for key in ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds", "max_searchers_per_wave"):
-        if not (s.quick and key in ("max_output_tokens", "max_steps", "max_rounds")):
-            setattr(cfg.rollout, key, getattr(tiny.rollout, key))
+        setattr(cfg.rollout, key, getattr(tiny.rollout, key))
+    if s.quick:
+        for key, value in QUICK_WORKFLOW.items():
+            setattr(cfg.rollout, key, value)
     _log(f"eval {name}: {len(questions)} questions x {s.attempts} attempts ({workflow})")
     t0 = time.perf_counter()
     path = evaluate(model_dir, None, retriever, questions, workflow, s.attempts, cfg, out, method=name)

@@ -8,10 +8,9 @@ of every role (Searcher, Leader, Answerer; C-MAS and H-MAS) while leaving room f
    random Qwen3 model (:func:`mopd.rollout.tiny_model.init_tiny_model`);
 2. demonstrations: the real ``run_workflows`` over the training questions with the scripted,
    deliberately imperfect :class:`mopd.data.demo_policy.DemoEngine`, so every sequence is exactly
-   what the model will see (token ids and loss masks of each agent call); and over every
-   question of a few *practice worlds* (other seeds), where the same names mean other facts, so
-   that pi_0 learns to copy names from its prompt instead of memorising training answers (test
-   questions are about entities no training question mentions);
+   what the model will see (token ids and loss masks of each agent call); optionally
+   (``practice_worlds``, off by default) also over every question of a few other-seed worlds,
+   where the same names mean other facts, so that only copying from the prompt fits them;
 3. next-token cross-entropy on the model-written tokens (loss mask 1) only (:mod:`mopd.data.sft`),
    with the name tokens (towns, rivers, people, band words) weighted 5x: every useful action is a
    name copied from the prompt, and unweighted the model learned the sentence templates but wrote
