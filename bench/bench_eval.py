@@ -12,13 +12,13 @@ import time
 import numpy as np
 import pytest
 
+from mopd.core.records import AgentCall, Event, Passage, WorkflowRecord, read_records, write_records
 from mopd.eval.alignment import align_runs
 from mopd.eval.bootstrap import paired_intervals
 from mopd.eval.loading import read_eval_records
 from mopd.eval.metrics import outcomes, question_metrics
 from mopd.eval.report import load_runs, write_report
 from mopd.eval.summary import summarize
-from mopd.rollout.records import AgentCall, Event, Passage, WorkflowRecord, read_records, write_records
 
 SYSTEMS = 5
 DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from mopd.config import RolloutConfig
-from mopd.data.qa import QAExample
+from mopd.core.qa import QAExample
+from mopd.data.tiny_model import init_tiny_model
 from mopd.rollout.hf_engine import HFEngine
 from mopd.rollout.scheduler import run_workflows
-from mopd.rollout.tiny_model import init_tiny_model
 
 QUESTIONS, ATTEMPTS, MAX_TOKENS = 16, 4, 32
 

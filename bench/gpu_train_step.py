@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
     import torch
 
     from mopd.config import resolve
-    from mopd.rollout.tiny_model import init_tiny_model
+    from mopd.data.tiny_model import init_tiny_model
     from mopd.train.trainer import PolicyTrainer
 
     tmp = Path(tempfile.mkdtemp(prefix="mopd_gpu_step_"))

@@ -14,27 +14,13 @@ from typing import List, Optional
 
 # Areas whose commands the CLI offers, in --help order.
 COMMAND_MODULES = [
-    "mopd.config_commands",
+    "mopd.commands",
     "mopd.data.commands",
-    "mopd.data.world_commands",
-    "mopd.eval.score_commands",
     "mopd.train.commands",
-    "mopd.demo_commands",
     "mopd.eval.commands",
     "mopd.retriever.commands",
     "mopd.rollout.commands",
 ]
-
-
-def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
-    """Everything after the preset is a config override (``a.b=1`` or ``--a.b 1``); a command's own
-    options therefore go before the preset."""
-    parser.add_argument("overrides", nargs=argparse.REMAINDER,
-                        help="config overrides after the preset: trainer.lr=2e-6 or --trainer.lr 2e-6")
-
-
-class UserError(Exception):
-    """An error caused by the user's input: printed as one clear line, without a traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,8 +49,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     from mopd.config import ConfigError
-    from mopd.data.qa import DataError
-    from mopd.rollout.records import RecordError
+    from mopd.core.errors import UserError
+    from mopd.core.qa import DataError
+    from mopd.core.records import RecordError
 
     try:
         rc = args.func(args)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-ROLES = ("leader", "searcher", "answerer")
-
 
 class ConfigError(ValueError):
     """A bad key, type or value in a run configuration."""
@@ -43,8 +41,10 @@ class ModelConfig:
     """Hugging Face model directory (or hub id already in the user's cache) of the policy pi_0."""
     dtype: str = "auto"
     """Parameter dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass to save memory."""
+    activation_checkpointing: Optional[bool] = None
+    """Recompute each decoder layer's activations in the backward pass to save memory. None (the
+    default): on for CUDA (a 16k-token micro-batch of Qwen3-4B keeps ~40 GiB of activations
+    otherwise; see `mopd plan`), off on CPU."""
     use_liger: bool = True
     """Use Liger's RMSNorm/SwiGLU/RoPE kernels on CUDA when liger-kernel is installed."""
     attn_implementation: str = "auto"
@@ -114,12 +114,20 @@ class RolloutConfig:
     """Environment steps per workflow (C-MAS 5, H-MAS 12)."""
     max_rounds: int = 5
     """H-MAS delegation rounds before the Leader is forced to select."""
-    max_searchers_per_wave: int = 4
-    """H-MAS: subtasks beyond this number in one Leader output are dropped (recorded)."""
+    max_searchers_per_wave: int = 0
+    """H-MAS: at most this many Searchers per wave; 0 = no cap (the paper has none). Subtasks beyond
+    a cap are dropped, each recorded as a ``dropped_subtask`` event and counted in the diagnostics."""
+    searcher_sees_question: bool = False
+    """H-MAS: also show each Searcher the whole question ("Your task: ... It is part of the question:
+    ..."). Off (the paper): a Searcher sees its subtask exactly where and how a C-MAS Searcher sees
+    the question, the interface the Stage-I teacher was trained on. On, the teacher scores a template
+    it never saw, and a Searcher can bypass the Leader's decomposition."""
     max_batch_calls: int = 256
     """Upper bound on agent calls sent to the engine in one generate() batch."""
-    gpu_memory_utilization: float = 0.5
-    """vLLM: fraction of GPU memory for weights and KV cache (the rest is the trainer's)."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM: fraction of GPU memory for its weights and KV cache while it generates. The engine
+    sleeps (level 2: both freed) while the trainer scores and updates, so the two never need the
+    GPU at the same time; `mopd plan` checks both phases."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism."""
     seed: int = 0
@@ -129,9 +137,9 @@ class RolloutConfig:
         _choice("rollout.engine", self.engine, {"hf", "vllm"})
         _choice("rollout.workflow", self.workflow, {"cmas", "hmas"})
         for name in ("group_size", "answer_candidates", "max_input_tokens", "max_output_tokens",
-                     "max_steps", "max_rounds", "max_searchers_per_wave", "max_batch_calls",
-                     "tensor_parallel_size"):
+                     "max_steps", "max_rounds", "max_batch_calls", "tensor_parallel_size"):
             _positive(f"rollout.{name}", getattr(self, name))
+        _positive("rollout.max_searchers_per_wave", self.max_searchers_per_wave, allow_zero=True)
         _positive("rollout.temperature", self.temperature)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
@@ -203,7 +211,7 @@ class RewardConfig:
         _positive("reward.assign_cap", self.assign_cap)
         _positive("reward.kl_coef", self.kl_coef, allow_zero=True)
         for r in self.kl_roles:
-            _choice("reward.kl_roles[]", r, set(ROLES))
+            _choice("reward.kl_roles[]", r, set(role_names()))
 
 
 @dataclass
@@ -230,8 +238,14 @@ class AlgoConfig:
             raise ConfigError(f"algo.dual_clip={self.dual_clip} must be > 1 (or null)")
 
     def role(self, name: str) -> RoleLossConfig:
-        _choice("role", name, set(ROLES))
+        _choice("role", name, set(role_names()))
         return getattr(self, name)
+
+
+def role_names() -> List[str]:
+    """The roles this config can train: the RoleLossConfig fields of AlgoConfig, in field order
+    (the same order as ``mopd.core.roles.ROLES``, which a test checks)."""
+    return [f.name for f in dataclasses.fields(AlgoConfig) if f.type in ("RoleLossConfig", RoleLossConfig)]
 
 
 @dataclass
@@ -350,7 +364,7 @@ class Config:
 
     def teacher_roles(self) -> List[str]:
         """Roles whose training signal needs teacher log-probs (OPD or KL in reward)."""
-        need = {r for r in ROLES if self.algo.role(r).advantage == "opd"}
+        need = {r for r in role_names() if self.algo.role(r).advantage == "opd"}
         if self.reward.kl_coef > 0:
             need |= set(self.reward.kl_roles)
         return sorted(need)
@@ -571,7 +585,7 @@ def to_dict(cfg: Config) -> dict:
 def describe(cfg: Config) -> str:
     """A short human summary of what a method does: role specs, rewards, teacher."""
     lines = [f"method: {cfg.method} ({cfg.rollout.workflow})", f"  {cfg.description}"]
-    roles = ("searcher", "answerer") if cfg.rollout.workflow == "cmas" else ROLES
+    roles = ("searcher", "answerer") if cfg.rollout.workflow == "cmas" else role_names()
     reward_of = {"leader": cfg.reward.leader, "searcher": cfg.reward.searcher, "answerer": cfg.reward.answerer}
     for r in roles:
         spec = cfg.algo.role(r)
@@ -631,7 +645,6 @@ def _tiny_stage2(base: Config, name: str) -> Config:
     cfg.trainer.lr = 5e-4
     cfg.rollout.max_steps = 8
     cfg.rollout.max_rounds = 3
-    cfg.rollout.max_searchers_per_wave = 2
     cfg.rollout.group_size = 6
     cfg.trainer.questions_per_step = 12
     return cfg

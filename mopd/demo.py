@@ -61,7 +61,7 @@ def _log(msg: str) -> None:
 def _stage_config(preset: str, s: DemoSettings, world, model: str, out: Path, steps: int,
                   teacher: str = "") -> Config:
     o = (QUICK_OVERRIDES if s.quick else []) + [f"model.path={model}", f"data.train={world.train}", f"data.dev={world.dev}",
-         f"retriever.kind=inprocess", f"retriever.index={world.index}", f"trainer.out_dir={out}",
+         "retriever.kind=inprocess", f"retriever.index={world.index}", f"trainer.out_dir={out}",
          f"trainer.steps={steps}", f"trainer.seed={s.seed}", f"rollout.seed={s.seed}"]
     if teacher:
         o.append(f"teacher.path={teacher}")

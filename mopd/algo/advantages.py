@@ -4,11 +4,12 @@
 ``compute_grpo_outcome_advantage`` and TRL's GRPO trainer do, so numbers match what users of
 those trainers expect. A group of one, or a group whose rewards are all equal, gets advantage 0.
 
-Groups (Dr. MAS role-wise normalisation, DESIGN §4):
+Groups (Dr. MAS role-wise normalisation, DESIGN §4), keyed by the sampled prompt
+(``WorkflowRecord.group_id``, verl's uid), not by the question id:
 - Leader, and Searchers with a trajectory-level reward: one value per trajectory, normalised over
-  the G trajectories of the same question; every call of the role in a trajectory takes it.
+  the G trajectories of the same prompt; every call of the role in a trajectory takes it.
 - Searchers with per-call rewards (the prompted critic): normalised over all Searcher calls of the
-  question's G trajectories.
+  prompt's G trajectories.
 - Answerer: over the candidates of one answering request (``AgentCall.group``).
 - OPD roles take no outcome advantage: per token ``beta * (teacher_logp - old_logp)``.
 """
@@ -20,10 +21,10 @@ from typing import Dict, Hashable, List, Sequence, Tuple
 
 import torch
 
-from mopd.config import ROLES, AlgoConfig
-from mopd.rollout.records import AgentCall, WorkflowRecord
+from mopd.config import AlgoConfig
+from mopd.core.records import AgentCall, WorkflowRecord
+from mopd.core.roles import ROLE_IDS, ROLES
 
-ROLE_IDS: Dict[str, int] = {r: i for i, r in enumerate(ROLES)}
 """Row of each role in the role_specs list handed to the fused loss (leader 0, searcher 1, answerer 2)."""
 
 
@@ -67,8 +68,10 @@ def opd_advantages(teacher_logp: torch.Tensor, old_logp: torch.Tensor, beta: flo
     return adv
 
 
-def _question_key(record: WorkflowRecord) -> str:
-    return f"{record.dataset}/{record.question_id}"
+def group_key(record: WorkflowRecord) -> str:
+    """The group a record is normalised in: its sampled prompt's id (two copies of one question in
+    a step are two groups), or its question for records without one."""
+    return record.group_id or f"{record.dataset}/{record.question_id}"
 
 
 def role_advantages(records: Sequence[WorkflowRecord], rewards: Sequence[Dict[str, float]],
@@ -90,17 +93,17 @@ def role_advantages(records: Sequence[WorkflowRecord], rewards: Sequence[Dict[st
         for role, calls in by_role.items():
             if role == "answerer":
                 for c in calls:
-                    units.append((("answerer", _question_key(rec), rec.attempt, c.group), rw[c.call_id],
+                    units.append((("answerer", group_key(rec), rec.attempt, c.group), rw[c.call_id],
                                   [(i, c.call_id)]))
             elif role in per_call_roles:
                 for c in calls:
-                    units.append(((role, _question_key(rec)), rw[c.call_id], [(i, c.call_id)]))
+                    units.append(((role, group_key(rec)), rw[c.call_id], [(i, c.call_id)]))
             else:
                 values = {rw[c.call_id] for c in calls}
                 if len(values) != 1:
                     raise ValueError(f"{role} calls of {rec.question_id} attempt {rec.attempt} carry different "
                                      f"rewards {sorted(values)}; a trajectory-level role needs one reward")
-                units.append(((role, _question_key(rec)), values.pop(), [(i, c.call_id) for c in calls]))
+                units.append(((role, group_key(rec)), values.pop(), [(i, c.call_id) for c in calls]))
     out: List[Dict[str, float]] = [dict() for _ in records]
     if not units:
         return out

@@ -60,7 +60,7 @@ def judge_reports(engine, tokenizer, items: Sequence[JudgeItem], *, max_new_toke
 
     ``engine`` follows the rollout engine interface (generate(list[GenerationRequest])).
     """
-    from mopd.rollout.engine import GenerationRequest, SamplingParams
+    from mopd.core.generation import GenerationRequest, SamplingParams
 
     if not items:
         return {}, 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, Optional, Sequence
 
-from mopd.eval.scoring import extract_answer
-from mopd.rollout.records import WorkflowRecord
+from mopd.core.records import WorkflowRecord
+from mopd.core.scoring import extract_answer
 
 
 def batch_diagnostics(records: Sequence[WorkflowRecord],
@@ -15,6 +15,7 @@ def batch_diagnostics(records: Sequence[WorkflowRecord],
 
     - ``no_search_frac``: workflows with no search action (the paper's collapse signal);
     - ``search_per_workflow``, ``reports_per_workflow``, ``subtasks_per_workflow``;
+    - ``dropped_subtasks_per_workflow``: subtasks beyond ``rollout.max_searchers_per_wave`` (never run);
     - ``valid_answer_frac``: Answerer candidates holding a complete <answer> tag;
     - ``invalid_call_frac``: agent calls with an invalid action;
     - ``reward/<role>``: mean reward of each role's calls, when rewards are given.
@@ -29,6 +30,7 @@ def batch_diagnostics(records: Sequence[WorkflowRecord],
         "search_per_workflow": sum(r.search_actions for r in records) / n,
         "reports_per_workflow": sum(len(r.events_of("report")) for r in records) / n,
         "subtasks_per_workflow": sum(len(r.events_of("subtask")) for r in records) / n,
+        "dropped_subtasks_per_workflow": sum(len(r.events_of("dropped_subtask")) for r in records) / n,
         "valid_answer_frac": (sum(1 for c in cands if extract_answer(c) is not None) / len(cands)) if cands else 0.0,
         "invalid_call_frac": (sum(1 for c in calls if c.invalid) / len(calls)) if calls else 0.0,
         "answered_frac": sum(1 for r in records if r.candidates) / n,

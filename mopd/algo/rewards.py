@@ -8,10 +8,12 @@ Per role (coefficients from ``RewardConfig``):
 - Answerer candidate j: ``c_j``.
 - Searcher: ``team_bonus`` = R_EM + bonus_coef * b_S (Stage I), ``team`` = R_EM, ``critic`` =
   critic_em R_EM + critic_judge R_judge + critic_bonus b_S (per call), ``none`` (OPD: no reward).
-  b_S = 0.5 after one search step, 1 after two or more, 0 otherwise.
+  b_S = 0.5 when the Searcher reports after one search step, 1 after two or more, 0 otherwise
+  (no report, no bonus: the paper pays it for "a summary after one search step").
 - Leader: ``team_assign`` = R_EM + assign_coef * min(C_tool, cap) / cap, C_tool the environment
   steps holding at least one search action; ``team`` = R_EM.
-- An output with an invalid action format makes its role's total reward ``invalid_reward`` (-1).
+- An output with an invalid action format makes its role's total reward ``invalid_reward`` (-1),
+  exactly: the KL in reward is not subtracted from it (:func:`kl_in_reward`).
 
 Trajectory-level roles (Leader, Searcher without critic) get one reward per workflow; every call
 of that role in the workflow takes it. Answerer candidates and critic-scored Searcher calls get
@@ -23,8 +25,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from mopd.config import RewardConfig
-from mopd.eval.scoring import exact_match, extract_answer
-from mopd.rollout.records import AgentCall, WorkflowRecord
+from mopd.core.records import AgentCall, WorkflowRecord
+from mopd.core.scoring import exact_match, extract_answer
 
 
 def team_outcome(candidate_scores: Sequence[float]) -> float:
@@ -49,8 +51,18 @@ def search_steps(record: WorkflowRecord, call_id: Optional[str] = None) -> int:
 
 
 def search_bonus(n_search_steps: int) -> float:
-    """b_S: 0.5 after one search step, 1 after two or more, 0 otherwise."""
+    """b_S of a Searcher that reported: 0.5 after one search step, 1 after two or more, 0 otherwise."""
     return 0.0 if n_search_steps <= 0 else (0.5 if n_search_steps == 1 else 1.0)
+
+
+def behaviour_bonus(record: WorkflowRecord, call_id: Optional[str] = None) -> float:
+    """b_S of one Searcher call, or of the workflow's Searchers together: only the search steps of
+    calls that wrote a report count, so a Searcher that never reports earns no bonus."""
+    reported = {e.call_id for e in record.events if e.kind == "report"}
+    calls = [c.call_id for c in record.calls_of("searcher")] if call_id is None else [call_id]
+    steps = {e.step for e in record.events
+             if e.kind == "search" and e.text.strip() and e.call_id in reported and e.call_id in calls}
+    return search_bonus(len(steps))
 
 
 def assignment_reward(c_tool: int, cap: int = 6) -> float:
@@ -96,11 +108,11 @@ def role_rewards(record: WorkflowRecord, cfg: RewardConfig,
                 if c.call_id not in judge:
                     raise ValueError(f"no judge verdict for Searcher call {c.call_id} of {record.question_id}")
                 r = (cfg.critic_em * r_em + cfg.critic_judge * judge[c.call_id]
-                     + cfg.critic_bonus * search_bonus(search_steps(record, c.call_id)))
+                     + cfg.critic_bonus * behaviour_bonus(record, c.call_id))
                 out[c.call_id] = cfg.invalid_reward if c.invalid else r
         else:
             if cfg.searcher == "team_bonus":
-                r_s = r_em + cfg.bonus_coef * search_bonus(search_steps(record))
+                r_s = r_em + cfg.bonus_coef * behaviour_bonus(record)
             else:
                 r_s = r_em
             if any(c.invalid for c in searchers):
@@ -116,7 +128,8 @@ def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dic
 
     ``kl_sums[call_id]`` is the sum over the call's model tokens. For a trajectory-level role
     (the Leader) the sum runs over all of the role's calls in the workflow, so every call keeps
-    the same reward; Answerer candidates are penalised by their own tokens.
+    the same reward; Answerer candidates are penalised by their own tokens. An invalid output's
+    reward stays exactly ``invalid_reward`` (the paper's total reward of -1): no KL is subtracted.
     """
     if coef == 0 or not roles:
         return dict(rewards)
@@ -129,8 +142,9 @@ def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dic
                              f"(question {record.question_id}); compute them before the rewards")
         if role == "answerer":
             for c in calls:
-                out[c.call_id] = rewards[c.call_id] - coef * kl_sums[c.call_id]
-        else:
+                if not answerer_invalid(c):
+                    out[c.call_id] = rewards[c.call_id] - coef * kl_sums[c.call_id]
+        elif not any(c.invalid for c in calls):
             total = sum(kl_sums[c.call_id] for c in calls)
             for c in calls:
                 out[c.call_id] = rewards[c.call_id] - coef * total

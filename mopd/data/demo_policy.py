@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from mopd.core.generation import Completion, GenerationRequest
 from mopd.data.demo_reader import Doc, PromptView, read_prompt
 from mopd.data.world_kb import KnowledgeBase
 from mopd.data.world_text import QUESTION_TEMPLATES
-from mopd.rollout.engine import Completion, GenerationRequest
 from mopd.rollout.sampling import derive_seed
 
 
@@ -161,7 +161,12 @@ class DemoPolicy:
         return rng.choice(VAGUE_QUERIES[key]).format(w=word)
 
     def _searcher(self, view: PromptView, rng: random.Random) -> str:
-        task = self.task_of_subtask(view.subtask) if view.subtask is not None else self.task_of_question(view.question)
+        if view.subtask is not None:
+            task = self.task_of_subtask(view.subtask)
+        else:  # a question (C-MAS), or a subtask shown as the question (H-MAS)
+            task = self.task_of_question(view.question)
+            if task.subject is None and task.town is None:
+                task = self.task_of_subtask(view.question)
         needs = self.needs(task)
         if not view.forced:
             if not view.searches and rng.random() >= self.style.search_first:

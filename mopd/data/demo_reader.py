@@ -42,6 +42,8 @@ class PromptView:
     role: str
     question: str = ""
     subtask: Optional[str] = None
+    """H-MAS Searcher under ``rollout.searcher_sees_question`` only; by default a Searcher's subtask
+    arrives as its question (one interface in both workflows)."""
     searches: List[List[Doc]] = field(default_factory=list)
     """The passages of each search so far (Searcher), in order."""
     outputs: List[str] = field(default_factory=list)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from mopd.data.qa import DataError, QAExample, write_questions
+from mopd.core.qa import DataError, QAExample, write_questions
 
 # The paper's main test set: 5,000 questions over seven datasets.
 PAPER_TEST_COUNTS: Dict[str, int] = {

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from mopd.core.qa import QAExample, load_flashrag, write_questions
 from mopd.data.markers import read_marker
-from mopd.data.qa import QAExample, load_flashrag, write_questions
 from mopd.data.splits import build_splits, write_splits
 from mopd.data.world_kb import KnowledgeBase, WorldSizes, generate_kb
 from mopd.data.world_text import ONE_HOP, TWO_HOP, write_world_text

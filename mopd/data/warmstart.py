@@ -5,7 +5,7 @@ The demo stands in for an instruction-tuned model, so pi_0 must already speak th
 of every role (Searcher, Leader, Answerer; C-MAS and H-MAS) while leaving room for RL. Steps:
 
 1. a byte-level BPE tokenizer trained on the world's passages and training questions, and a
-   random Qwen3 model (:func:`mopd.rollout.tiny_model.init_tiny_model`);
+   random Qwen3 model (:func:`mopd.data.tiny_model.init_tiny_model`);
 2. demonstrations: the real ``run_workflows`` over the training questions with the scripted,
    deliberately imperfect :class:`mopd.data.demo_policy.DemoEngine`, so every sequence is exactly
    what the model will see (token ids and loss masks of each agent call); optionally
@@ -164,9 +164,9 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
                         attempts: int = 4, seed: int = 0, style=None, questions=None,
                         progress: bool = False) -> Demonstrations:
     """Scripted episodes over the training questions (or ``questions``), as training sequences."""
+    from mopd.core.scoring import exact_match
     from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
     from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.eval.scoring import exact_match
     from mopd.rollout.scheduler import run_workflows
 
     paths = WorldPaths.of(world_dir)
@@ -238,9 +238,9 @@ def build_pi0(world_dir, out_dir, *, steps: int = 450, seed: int = 0, settings: 
 
     from mopd.config import RetrieverConfig
     from mopd.data.demo_policy import DemoStyle
+    from mopd.data.tiny_model import init_tiny_model
     from mopd.data.tinyworld import WorldPaths, load_split
     from mopd.retriever import load_retriever, open_retriever
-    from mopd.rollout.tiny_model import init_tiny_model
 
     if threads is not None:
         torch.set_num_threads(threads)

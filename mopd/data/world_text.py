@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-from mopd.data.qa import QAExample
+from mopd.core.qa import QAExample
 from mopd.data.world_kb import INDUSTRY_WORDS, KnowledgeBase
 
 ONE_HOP = "tiny_1hop"

@@ -1,6 +1,6 @@
 """Evaluation: scoring, K-attempt metrics, paired bootstrap intervals, costs, diagnostics, reports.
 
-The public names below are imported on first use, so ``import mopd.eval.scoring`` (used by the
+The public names below are imported on first use, so ``import mopd.core.scoring`` (used by the
 rollout and the method) stays light and free of import cycles.
 """
 

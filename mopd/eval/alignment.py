@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from mopd.rollout.records import WorkflowRecord
+from mopd.core.records import WorkflowRecord
 
 QuestionKey = Tuple[str, str]  # (dataset, question_id)
 

@@ -20,9 +20,9 @@ from typing import Dict, List
 
 import numpy as np
 
+from mopd.core.records import WorkflowRecord
+from mopd.core.scoring import extract_answer
 from mopd.eval.metrics import score_record
-from mopd.eval.scoring import extract_answer
-from mopd.rollout.records import WorkflowRecord
 
 COLLAPSE_COLUMNS = ("no_search_frac", "em", "final_answer_frac", "searches_per_workflow",
                     "reports_frac", "subtasks_and_reports_frac")

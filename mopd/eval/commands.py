@@ -1,8 +1,8 @@
-"""`mopd eval run` (K-attempt evaluation runs) and `mopd eval report` (metrics, intervals, report)."""
+"""`mopd eval run|report` (K-attempt evaluation and reports) and `mopd score` (EM of a records file)."""
 
 from __future__ import annotations
 
-from mopd.cli import add_overrides_argument
+from mopd.core.arguments import add_overrides_argument
 
 
 def register(sub) -> None:
@@ -54,14 +54,15 @@ def register(sub) -> None:
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     rep.add_argument("--title", default="Evaluation report")
     rep.set_defaults(func=_report)
+    _register_score(sub)
 
 
 def _run(args) -> int:
     from pathlib import Path
 
-    from mopd.cli import UserError
     from mopd.config import resolve
-    from mopd.data.qa import DataError, load_questions
+    from mopd.core.errors import UserError
+    from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
     from mopd.eval.runner import run_evaluation
 
@@ -106,7 +107,7 @@ def _run(args) -> int:
 
 
 def _parse_collapse(items):
-    from mopd.cli import UserError
+    from mopd.core.errors import UserError
 
     out = {}
     for it in items or ():
@@ -118,7 +119,7 @@ def _parse_collapse(items):
 
 
 def _report(args) -> int:
-    from mopd.cli import UserError
+    from mopd.core.errors import UserError
     from mopd.eval.alignment import EvalError
     from mopd.eval.report import report_runs
 
@@ -133,4 +134,61 @@ def _report(args) -> int:
         raise UserError(str(e)) from None
     print(f"report: {path}")
     print(f"metrics: {path.parent / 'metrics.json'}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# `mopd score --records FILE`: strict and flexible EM of a records file.
+# --------------------------------------------------------------------------------------------
+
+
+def _register_score(sub) -> None:
+    p = sub.add_parser("score", help="strict and flexible exact match of a workflow records file",
+                       description="Score each workflow by its final Answerer output: strict EM uses the "
+                                   "text of the last complete <answer> tag; flexible EM applies the paper's "
+                                   "six extraction rules. Prints per-dataset and macro means.")
+    p.add_argument("--records", required=True, nargs="+", metavar="FILE", help="records .jsonl file(s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=_score)
+
+
+def score_records(records) -> dict:
+    """Per dataset and macro (datasets weighted equally): n, strict EM, flexible EM."""
+    from collections import defaultdict
+
+    from mopd.core.scoring import exact_match, extract_answer, flexible_extract
+
+    per = defaultdict(lambda: [0, 0.0, 0.0])
+    for r in records:
+        last = r.candidates[-1] if r.candidates else None
+        row = per[r.dataset]
+        row[0] += 1
+        row[1] += exact_match(extract_answer(last), r.answers)
+        row[2] += exact_match(flexible_extract(last), r.answers)
+    out = {ds: {"n": n, "strict_em": s / n, "flexible_em": f / n} for ds, (n, s, f) in sorted(per.items())}
+    if out:
+        out["macro"] = {
+            "n": sum(v["n"] for v in out.values()),
+            "strict_em": sum(v["strict_em"] for v in out.values()) / len(out),
+            "flexible_em": sum(v["flexible_em"] for v in out.values()) / len(out),
+        }
+    return out
+
+
+def _score(args) -> int:
+    import json
+
+    from mopd.core.errors import UserError
+    from mopd.core.records import read_records
+
+    records = [r for f in args.records for r in read_records(f)]
+    if not records:
+        raise UserError(f"no records in {' '.join(args.records)}")
+    table = score_records(records)
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    print(f"{'dataset':24s} {'n':>7s} {'strict EM':>10s} {'flex EM':>10s}")
+    for ds, v in table.items():
+        print(f"{ds:24s} {v['n']:7d} {100 * v['strict_em']:9.2f}% {100 * v['flexible_em']:9.2f}%")
     return 0

@@ -20,9 +20,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from mopd.core.records import WorkflowRecord
 from mopd.eval.alignment import AlignedRuns
 from mopd.eval.metrics import dataset_means
-from mopd.rollout.records import WorkflowRecord
 
 COST_FIELDS = ("search_actions", "searches_with_passages", "returned_passages", "input_tokens",
                "output_tokens", "reports", "task_assignments")

@@ -1,6 +1,6 @@
 """Read run records for evaluation, fast.
 
-``mopd.rollout.records.read_records`` checks every field of every record, token ids and log-probs
+``mopd.core.records.read_records`` checks every field of every record, token ids and log-probs
 included: right for the trainer, but about 0.4 ms per record even without token segments, so
 100,000 records take minutes. Evaluation needs only the answers, candidates, events and token
 totals, so this loader builds ``WorkflowRecord``s whose calls keep their role and token counts but
@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from mopd.core.records import SCHEMA_VERSION, AgentCall, Event, Passage, RecordError, WorkflowRecord
 from mopd.eval.alignment import EvalError
-from mopd.rollout.records import SCHEMA_VERSION, AgentCall, Event, Passage, RecordError, WorkflowRecord
 
 RECORDS_FILE = "records.jsonl"
 _PASSAGE_FIELDS = {f.name for f in dataclasses.fields(Passage)}

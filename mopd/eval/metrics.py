@@ -22,9 +22,9 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from mopd.core.records import WorkflowRecord
+from mopd.core.scoring import classify_failure, exact_match, extract_answer, flexible_extract
 from mopd.eval.alignment import AlignedRuns
-from mopd.eval.scoring import classify_failure, exact_match, extract_answer, flexible_extract
-from mopd.rollout.records import WorkflowRecord
 
 FAILURE_TYPES = ("no_candidate", "empty_candidate", "no_valid_tag")
 """Format failures of the final candidate, coded 1, 2, 3 in ``Outcomes.failure`` (0: valid tag)."""

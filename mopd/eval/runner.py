@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from mopd.core.records import RecordError, WorkflowRecord, write_records
 from mopd.eval.alignment import EvalError
-from mopd.rollout.records import RecordError, WorkflowRecord, write_records
 
 RECORDS_FILE = "records.jsonl"
 RUN_FILE = "run.json"

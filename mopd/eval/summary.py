@@ -15,6 +15,7 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
+from mopd.core.records import WorkflowRecord
 from mopd.eval.alignment import AlignedRuns, EvalError, align_runs
 from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED, PERCENTILES, paired_intervals
 from mopd.eval.costs import (
@@ -36,7 +37,6 @@ from mopd.eval.metrics import (
     outcomes,
     question_metrics,
 )
-from mopd.rollout.records import WorkflowRecord
 
 SCORINGS = ("strict", "flexible")
 # Order of the statistics stacked for the bootstrap: 3 metrics x 2 scorings, then the

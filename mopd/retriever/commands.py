@@ -79,7 +79,7 @@ def _user_errors():
 
 
 def _run(fn):
-    from mopd.cli import UserError
+    from mopd.core.errors import UserError
 
     try:
         return fn()

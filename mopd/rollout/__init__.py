@@ -11,6 +11,6 @@ not pull in torch):
 - ``mopd.rollout.prompts``: role prompts and the exact rendering of everything an agent reads;
   ``mopd.rollout.chat.continuation_ids`` appends an environment turn token-exactly.
 - ``mopd.rollout.actions``: the action grammar's parsers.
-- ``mopd.rollout.records``: the records themselves.
-- ``mopd.rollout.tiny_model.init_tiny_model``: a random small Qwen3 model for tests and demos.
+- ``mopd.core.records``: the records themselves.
+- ``mopd.data.tiny_model.init_tiny_model``: a random small Qwen3 model for tests and demos.
 """

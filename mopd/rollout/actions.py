@@ -130,6 +130,18 @@ def parse_leader(text: str, n_reports: int) -> Action:
     return _invalid("expected <subtask> or <select>")
 
 
+_SEARCH_TAG = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+
+
+def search_queries(text: str) -> Tuple[str, ...]:
+    """The search actions of a Searcher output as the paper's recorder counts them: every non-empty
+    query inside a complete ``<search>...</search>`` tag (after a leading think block), whether or
+    not the output is a valid action and whether or not the search is run."""
+    _, rest, err = split_think(text)
+    body = (text or "") if err else rest
+    return tuple(q.strip() for q in _SEARCH_TAG.findall(body) if q.strip())
+
+
 def parse_answerer(text: str) -> Action:
     think, rest, err = split_think(text)
     if err:

@@ -4,7 +4,8 @@ completions into events, and says what it needs next (a turn, a search, nothing)
 Forced transitions (DESIGN §5), shared by C-MAS and H-MAS:
 - A Searcher at its last step gets the order to report in that turn's prompt (``FORCE_REPORT``)
   and a ``limit`` event ('step'). If that turn is not a valid report (a search included: it is not
-  run), it is recorded as invalid and the Searcher ends with an empty report.
+  run, but its query counts as a search action), it is recorded as invalid and the Searcher ends
+  with an empty report.
 - A Searcher whose next prompt would exceed the input limit ends with an empty report
   (``limit`` 'input'); an invalid output is recorded and re-asked in the next step with
   ``INVALID_SEARCHER`` (the re-ask counts against the step limit).
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from mopd.eval.scoring import extract_answer
-from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher
-from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.core.generation import Completion, GenerationRequest
+from mopd.core.records import AgentCall
+from mopd.core.scoring import extract_answer
+from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher, search_queries
 from mopd.rollout.prompts import (
     Report,
     leader_feedback,
@@ -28,7 +30,6 @@ from mopd.rollout.prompts import (
     render_searcher_prompt,
     searcher_feedback,
 )
-from mopd.rollout.records import AgentCall
 from mopd.rollout.run_state import RunContext, to_record_passages
 from mopd.rollout.transcript import Transcript
 
@@ -59,8 +60,9 @@ class Searcher:
         cid = self.call.call_id
         if self.transcript.turns == 0:
             self.call.step = self.ctx.step
-            if not self.transcript.start(render_searcher_prompt(self.ctx.tokenizer, self.question,
-                                                                self.subtask, force_report=force)):
+            show = self.ctx.settings.searcher_sees_question
+            if not self.transcript.start(render_searcher_prompt(self.ctx.tokenizer, self.question, self.subtask,
+                                                                force_report=force, show_question=show)):
                 self.ctx.event("limit", cid, "input")
         else:
             content = searcher_feedback(self._passages, invalid=self._invalid, force_report=force)
@@ -83,8 +85,12 @@ class Searcher:
             self.report, self.done = action.text, True
             self.ctx.event("report", cid, action.text)
         elif action.kind == "search" and not self._forced:
-            self.pending_query = action.text
+            self.pending_query = action.text  # recorded with its passages by deliver()
         else:
+            # The paper's recorder counts every non-empty query in a complete <search> tag, also in
+            # an invalid output or on the forced-report turn, where the search is not run.
+            for query in search_queries(c.text):
+                self.ctx.event("search", cid, query)
             self.call.invalid = True
             self.ctx.event("invalid", cid, c.text)
             self._invalid = True
@@ -151,12 +157,12 @@ class Leader:
             self.selection = list(action.selection)
             self.ctx.event("select", cid, selection=self.selection)
         elif action.kind == "subtasks" and not self._forced:
-            cap = self.ctx.settings.max_searchers_per_wave
-            if len(action.subtasks) > cap:
-                self.ctx.event("limit", cid, "wave")
+            cap = self.ctx.settings.max_searchers_per_wave or len(action.subtasks)
             self.subtasks = list(action.subtasks[:cap])
             for s in self.subtasks:
                 self.ctx.event("subtask", cid, s)
+            for s in action.subtasks[cap:]:
+                self.ctx.event("dropped_subtask", cid, s)
             self.rounds += 1
         else:
             self.call.invalid = True

@@ -1,26 +1,11 @@
-"""`mopd model init-tiny` and `mopd rollout`: a test model, and workflows run from the command line."""
+"""`mopd rollout`: workflows run from the command line, records written to a file."""
 
 from __future__ import annotations
 
-from mopd.cli import add_overrides_argument
+from mopd.core.arguments import add_overrides_argument
 
 
 def register(sub) -> None:
-    m = sub.add_parser("model", help="models for tests and smoke runs")
-    msub = m.add_subparsers(dest="model_command", metavar="ACTION")
-    t = msub.add_parser("init-tiny", help="write a random small Qwen3 model with its own byte-level BPE "
-                                          "tokenizer and a Qwen-style chat template (offline, seconds)")
-    t.add_argument("--out", required=True, help="output directory (Hugging Face format)")
-    t.add_argument("--corpus", nargs="*", default=[], metavar="FILE",
-                   help="text or jsonl files whose lines also train the tokenizer (default: prompts only)")
-    t.add_argument("--vocab-size", type=int, default=1024)
-    t.add_argument("--hidden", type=int, default=128)
-    t.add_argument("--layers", type=int, default=2)
-    t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--ffn", type=int, default=384)
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_init_tiny)
-
     r = sub.add_parser(
         "rollout", help="run C-MAS or H-MAS workflows on a question file and write their records",
         description="Run K workflows per question with the model and the retriever of the config and write "
@@ -46,37 +31,16 @@ def register(sub) -> None:
     r.set_defaults(func=_rollout)
 
 
-def _init_tiny(args) -> int:
-    from pathlib import Path
-
-    from mopd.cli import UserError
-    from mopd.rollout.tiny_model import init_tiny_model
-
-    texts = []
-    for f in args.corpus:
-        p = Path(f)
-        if not p.is_file():
-            raise UserError(f"corpus file {f} does not exist")
-        texts.extend(line for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
-    try:
-        out = init_tiny_model(args.out, corpus_texts=texts, vocab_size=args.vocab_size, hidden=args.hidden,
-                              layers=args.layers, heads=args.heads, ffn=args.ffn, seed=args.seed)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    print(f"tiny model written to {out}")
-    return 0
-
-
 def _rollout(args) -> int:
     import time
     from pathlib import Path
 
-    from mopd.cli import UserError
     from mopd.config import resolve
-    from mopd.data.qa import load_questions
-    from mopd.eval.scoring import exact_match
+    from mopd.core.errors import UserError
+    from mopd.core.qa import load_questions
+    from mopd.core.records import write_records
+    from mopd.core.scoring import exact_match
     from mopd.rollout.engine import build_engine
-    from mopd.rollout.records import write_records
     from mopd.rollout.scheduler import run_workflows
     from mopd.rollout.vllm_engine import EngineUnavailable
 
@@ -118,7 +82,7 @@ def _rollout(args) -> int:
 
 
 def _retriever(cfg):
-    from mopd.cli import UserError
+    from mopd.core.errors import UserError
 
     try:
         from mopd.retriever import load_retriever

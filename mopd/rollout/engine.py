@@ -1,11 +1,7 @@
 """The inference-engine interface every workflow talks to: token ids in, sampled token ids out.
 
-Workflows never hand an engine text: a request is the exact prompt token ids, so the ids the
-trainer later trains on are the ids the engine saw. A completion carries the sampled ids with
-their sampling log-probs (float32, under ``softmax(logits / temperature)``; top-p shapes only the
-sampling, not the reported log-prob; at temperature 0, greedy, the log-probs are those of the
-untempered ``softmax(logits)``), why it stopped, and its decoded text (special tokens skipped) for
-the action parser.
+Requests and completions (``SamplingParams``, ``GenerationRequest``, ``Completion``) are defined
+in ``mopd.core.generation``: token ids in, sampled token ids with their log-probs out.
 
 Engines: :class:`mopd.rollout.hf_engine.HFEngine` (transformers, CPU and CUDA) and
 :class:`mopd.rollout.vllm_engine.VLLMEngine` (colocated vLLM, the ``gpu`` extra). Use
@@ -14,57 +10,9 @@ Engines: :class:`mopd.rollout.hf_engine.HFEngine` (transformers, CPU and CUDA) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
-FINISH_REASONS = ("stop", "length")
-"""stop: an EOS token or a stop string was generated; length: max_new_tokens was reached."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    """Independent samples of the same prompt."""
-    temperature: float = 1.0
-    """0 means greedy decoding."""
-    top_p: float = 1.0
-    """Nucleus mass kept for sampling (the smallest set of most likely tokens reaching it)."""
-    max_new_tokens: int = 512
-    """Generated tokens at most, EOS included."""
-    stop: Tuple[str, ...] = ()
-    """Stop strings: generation ends with the token that completes one of them (kept in the output)."""
-    seed: Optional[int] = None
-    """Fixed seed: the same request gives the same samples, whatever else is in the batch.
-    Sample j of a request draws from the stream ``derive_seed(seed, j)``."""
-
-    def __post_init__(self):
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n={self.n} must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
-        object.__setattr__(self, "stop", tuple(self.stop))
-
-
-@dataclass
-class GenerationRequest:
-    prompt_ids: List[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-
-
-@dataclass
-class Completion:
-    token_ids: List[int]
-    """Sampled ids, EOS included when generated."""
-    logprobs: List[float]
-    """Sampling log-prob of each sampled id (see the module docstring)."""
-    finish_reason: str
-    """'stop' or 'length'."""
-    text: str
-    """The ids decoded with special tokens skipped."""
+from mopd.core.generation import Completion, GenerationRequest
 
 
 @runtime_checkable
@@ -74,15 +22,22 @@ class Engine(Protocol):
         ...
 
     def load_weights(self, named_tensors: Iterable[Tuple[str, "object"]]) -> None:
-        """Copy the trainer's parameters (Hugging Face names) into the engine's model."""
+        """Copy the trainer's parameters (Hugging Face names) into the engine's model, consuming
+        the iterable one pair at a time (the trainer streams them: see mopd.train.weight_sync)."""
         ...
 
-    def sleep(self) -> None:
-        """Free what memory the engine can while the trainer runs."""
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory while the trainer runs. 1: weights kept (host copy), KV cache freed;
+        2: weights and KV cache freed (``load_weights`` must follow the next ``wake_up``)."""
         ...
 
-    def wake(self) -> None:
-        """Undo sleep() before the next generate()."""
+    def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Reallocate what ``sleep`` freed: ``["weights"]``, ``["kv_cache"]``, or all (None).
+        The colocation cycle wakes the weights, loads them, then wakes the KV cache."""
+        ...
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes (their keys/values belong to the previous weights)."""
         ...
 
 
@@ -104,7 +59,10 @@ def build_engine(rollout_cfg, model, tokenizer=None, *, dtype: str = "auto", dev
 
         if not isinstance(model, str):
             raise ValueError("VLLMEngine loads its own copy of the model: pass the model directory")
+        # The longest sequence one call can reach: vLLM would otherwise size its KV cache and
+        # its checks for the model's full context (256K tokens for Qwen3-4B-Instruct-2507).
         return VLLMEngine(model, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
                           tensor_parallel_size=rollout_cfg.tensor_parallel_size, dtype=dtype,
-                          seed=rollout_cfg.seed)
+                          seed=rollout_cfg.seed,
+                          max_model_len=rollout_cfg.max_input_tokens + rollout_cfg.max_output_tokens)
     raise ValueError(f"unknown engine {rollout_cfg.engine!r}; choose hf or vllm")

@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.core.generation import Completion, GenerationRequest
 from mopd.rollout.prefix_store import LayerKV, PrefixStore
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
 
@@ -133,19 +133,55 @@ class HFEngine:
                 written.add(dst.data_ptr())
         self.reset_prefix_cache()
 
-    def sleep(self) -> None:
-        """Drop the prefix cache; an owned model on CUDA also moves to CPU and frees its blocks."""
+    def _frees_memory(self) -> bool:
+        """Only an engine-owned copy on a GPU has memory worth freeing; a shared model is the
+        trainer's, and on CPU there is nothing to hand over."""
+        return self.owns_model and self.device.type == "cuda"
+
+    def sleep(self, level: int = 1) -> None:
+        """Drop the prefix cache; an owned model on CUDA is also freed: level 1 moves it to host
+        memory, level 2 releases its storage (the buffers, e.g. rotary tables, are kept on the
+        host), after which ``wake_up(["weights"])`` allocates it again and ``load_weights`` fills it."""
+        if level < 1:
+            raise ValueError(f"sleep level {level}: use 1 (weights to host memory) or 2 (weights freed)")
         self.reset_prefix_cache()
-        if self.owns_model and not self._asleep and self.device.type == "cuda":
-            self._device = self.device
+        if self._asleep or not self._frees_memory():
+            return
+        self._device = self.device
+        if level >= 2:
+            self._saved_buffers = {n: b.detach().cpu().clone() for n, b in self.model.named_buffers()}
+            self.model.to_empty(device="meta")
+        else:
+            self._saved_buffers = None
             self.model.to("cpu")
+        if self._device.type == "cuda":
             torch.cuda.empty_cache()
-            self._asleep = True
+        self._asleep = True
+
+    def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
+        """``["weights"]`` (or None) brings the model back to its device; ``["kv_cache"]`` has
+        nothing to do (the KV cache lives only inside a generate call)."""
+        if tags is not None and not set(tags) <= {"weights", "kv_cache"}:
+            raise ValueError(f"unknown wake_up tags {sorted(set(tags))}; use ['weights', 'kv_cache']")
+        if not self._asleep or (tags is not None and "weights" not in tags):
+            return
+        saved = getattr(self, "_saved_buffers", None)
+        if saved is None:
+            self.model.to(self._device)
+        else:
+            # Fresh, uninitialised storage: load_weights must follow before the next generate().
+            self.model.to_empty(device=self._device)
+            with torch.no_grad():
+                for name, buf in self.model.named_buffers():
+                    if name in saved:
+                        buf.copy_(saved[name])
+            if hasattr(self.model, "tie_weights"):
+                self.model.tie_weights()
+            self._saved_buffers = None
+        self._asleep = False
 
     def wake(self) -> None:
-        if self._asleep:
-            self.model.to(self._device)
-            self._asleep = False
+        self.wake_up(None)
 
     # ------------------------------------------------------------------------------------
     @property

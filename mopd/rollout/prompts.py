@@ -33,9 +33,12 @@ SEARCHER_SYSTEM = (
     "the names, dates and places, so that a reader who sees only your report can use them."
 )
 SEARCHER_USER = "Question: {question}"
-"""C-MAS: the Searcher works on the whole question."""
+"""The Searcher's task in both workflows: the question (C-MAS) or its subtask (H-MAS), in the same
+place and words. The paper gives the Searcher one interface ("taking a question or a subtask"), so
+the Stage-I teacher scores H-MAS Searchers on the context it was trained on."""
 SEARCHER_SUBTASK_USER = "Your task: {subtask}\nIt is part of the question: {question}"
-"""H-MAS: the Searcher works on one subtask of the question."""
+"""H-MAS opt-in (``rollout.searcher_sees_question``, off by default): the subtask and the whole
+question, a template the Stage-I teacher never saw."""
 
 LEADER_SYSTEM = (
     "You are the Leader of a question-answering team. You cannot search yourself; Searchers "
@@ -88,9 +91,16 @@ def _join(*parts: str) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
-def searcher_messages(question: str, subtask: Optional[str] = None, force_report: bool = False) -> List[dict]:
-    user = (SEARCHER_USER.format(question=question) if subtask is None
-            else SEARCHER_SUBTASK_USER.format(subtask=subtask, question=question))
+def searcher_messages(question: str, subtask: Optional[str] = None, force_report: bool = False,
+                      show_question: bool = False) -> List[dict]:
+    """An H-MAS Searcher (``subtask`` given) sees its subtask as a C-MAS Searcher sees the question;
+    ``show_question`` selects the opt-in template that also names the whole question."""
+    if subtask is None:
+        user = SEARCHER_USER.format(question=question)
+    elif show_question:
+        user = SEARCHER_SUBTASK_USER.format(subtask=subtask, question=question)
+    else:
+        user = SEARCHER_USER.format(question=subtask)
     return [{"role": "system", "content": SEARCHER_SYSTEM},
             {"role": "user", "content": _join(user, FORCE_REPORT if force_report else "")}]
 
@@ -114,8 +124,8 @@ def answerer_messages(question: str, reports: Sequence[str]) -> List[dict]:
 
 
 def render_searcher_prompt(tokenizer, question: str, subtask: Optional[str] = None,
-                           force_report: bool = False) -> List[int]:
-    return render_ids(tokenizer, searcher_messages(question, subtask, force_report))
+                           force_report: bool = False, show_question: bool = False) -> List[int]:
+    return render_ids(tokenizer, searcher_messages(question, subtask, force_report, show_question))
 
 
 def render_leader_prompt(tokenizer, question: str, force_select: bool = False) -> List[int]:

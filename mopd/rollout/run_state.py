@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List
 
-from mopd.rollout.engine import Completion, GenerationRequest, SamplingParams
+from mopd.core.generation import Completion, GenerationRequest, SamplingParams
+from mopd.core.records import Event, Passage, WorkflowRecord
 from mopd.rollout.prompts import ROLE_STOPS
-from mopd.rollout.records import Event, Passage, WorkflowRecord
 from mopd.rollout.sampling import derive_seed
 
 
@@ -25,7 +25,9 @@ class WorkflowSettings:
 
     max_steps: int = 5
     max_rounds: int = 5
-    max_searchers_per_wave: int = 4
+    max_searchers_per_wave: int = 0
+    """0: no cap."""
+    searcher_sees_question: bool = False
     max_input_tokens: int = 8192
     max_output_tokens: int = 512
     answer_candidates: int = 1
@@ -39,6 +41,7 @@ class WorkflowSettings:
                     seed: int, topk: int = 3) -> "WorkflowSettings":
         return cls(max_steps=rollout_cfg.max_steps, max_rounds=rollout_cfg.max_rounds,
                    max_searchers_per_wave=rollout_cfg.max_searchers_per_wave,
+                   searcher_sees_question=rollout_cfg.searcher_sees_question,
                    max_input_tokens=rollout_cfg.max_input_tokens, max_output_tokens=rollout_cfg.max_output_tokens,
                    answer_candidates=answer_candidates, temperature=temperature, top_p=top_p, seed=seed, topk=topk)
 
@@ -62,10 +65,12 @@ class SearchNeed:
 class RunContext:
     """The state every agent of one run writes to: the record, the step, the settings."""
 
-    def __init__(self, record: WorkflowRecord, tokenizer, settings: WorkflowSettings):
+    def __init__(self, record: WorkflowRecord, tokenizer, settings: WorkflowSettings, copy: int = 0):
         self.record = record
         self.tokenizer = tokenizer
         self.settings = settings
+        self.copy = copy
+        """Earlier copies of this question in the batch (see ``scheduler.new_run``)."""
         self.step = 0
         self.started = time.perf_counter()
 
@@ -77,9 +82,11 @@ class RunContext:
         """Sampling of one turn; its seed depends only on the run, the call and the turn, so a
         run samples the same tokens however it is batched with others."""
         s, r = self.settings, self.record
+        # A second copy of a question in one batch must not replay the first copy's samples; the
+        # first copy keeps the seeds runs always had.
+        parts = (s.seed, r.dataset, r.question_id, r.attempt, call_id, turn) + ((self.copy,) if self.copy else ())
         return SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_output_tokens,
-                              stop=ROLE_STOPS[role],
-                              seed=derive_seed(s.seed, r.dataset, r.question_id, r.attempt, call_id, turn))
+                              stop=ROLE_STOPS[role], seed=derive_seed(*parts))
 
     def finish(self) -> None:
         self.record.steps = self.step

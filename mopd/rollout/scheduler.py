@@ -11,22 +11,27 @@ Entry point for the trainer and evaluation: :func:`run_workflows`.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import List, Optional, Sequence
 
+from mopd.core.records import WorkflowRecord
 from mopd.rollout.cmas import CMASRun
 from mopd.rollout.hmas import HMASRun
-from mopd.rollout.records import WorkflowRecord
 from mopd.rollout.run_state import RunContext, WorkflowSettings
 
 WORKFLOWS = {"cmas": CMASRun, "hmas": HMASRun}
 
 
-def new_run(workflow: str, example, attempt: int, tokenizer, settings: WorkflowSettings, method: str = ""):
+def new_run(workflow: str, example, attempt: int, tokenizer, settings: WorkflowSettings, method: str = "",
+            copy: int = 0):
+    """``copy``: how many earlier copies of this question the same batch holds (its group id and,
+    when above 0, its sampling seeds tell it apart from them)."""
     if workflow not in WORKFLOWS:
         raise ValueError(f"unknown workflow {workflow!r}; choose one of {sorted(WORKFLOWS)}")
     record = WorkflowRecord(question_id=example.id, dataset=example.dataset, question=example.question,
-                            answers=list(example.answers), attempt=attempt, method=method, workflow=workflow)
-    return WORKFLOWS[workflow](RunContext(record, tokenizer, settings))
+                            answers=list(example.answers), attempt=attempt, method=method, workflow=workflow,
+                            group_id=f"{example.dataset}/{example.id}#{copy}")
+    return WORKFLOWS[workflow](RunContext(record, tokenizer, settings, copy=copy))
 
 
 def _generate(engine, turns, max_batch_calls: int) -> None:
@@ -76,10 +81,19 @@ def run_workflows(engine, retriever, tokenizer, questions, *, workflow: str, att
                   ) -> List[WorkflowRecord]:
     """Run ``attempts`` workflows on every question; records come back question by question,
     attempts in order. Sampling of every call is seeded from (seed, question, attempt, call,
-    turn), so a record does not depend on what it was batched with."""
+    turn), so a record does not depend on what it was batched with.
+
+    Each entry of ``questions`` is one sampled prompt: its ``attempts`` runs share a group id
+    (``WorkflowRecord.group_id``). A question listed twice (a step across an epoch boundary) gives
+    two groups, the second sampled with its own seeds."""
     settings = WorkflowSettings.from_config(rollout_cfg, answer_candidates=answer_candidates,
                                             temperature=temperature, top_p=top_p, seed=seed, topk=topk)
-    runs = [new_run(workflow, q, a, tokenizer, settings, method) for q in questions for a in range(attempts)]
+    seen: Counter = Counter()
+    runs = []
+    for q in questions:
+        copy = seen[(q.dataset, q.id)]
+        seen[(q.dataset, q.id)] += 1
+        runs.extend(new_run(workflow, q, a, tokenizer, settings, method, copy=copy) for a in range(attempts))
     reset = getattr(engine, "reset_prefix_cache", None)  # cached prefixes may predate the weights
     if reset is not None:
         reset()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Sequence, Union
 
-from mopd.rollout.engine import Completion, GenerationRequest, SamplingParams
+from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 
 
 def completion_from_text(tokenizer, text: str, params: SamplingParams) -> Completion:

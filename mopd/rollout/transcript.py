@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import List
 
+from mopd.core.generation import Completion, GenerationRequest, SamplingParams
+from mopd.core.records import AgentCall, Segment
 from mopd.rollout.chat import continuation_ids
-from mopd.rollout.engine import Completion, GenerationRequest, SamplingParams
-from mopd.rollout.records import AgentCall, Segment
 
 
 class Transcript:

@@ -1,7 +1,7 @@
 """VLLMEngine: vLLM's offline ``LLM``, colocated with the trainer on the same GPUs.
 
-Targets vLLM 0.10.2 - 0.11.x (the V1 engine: ``logprobs_mode``, token prompts, sleep mode, the
-in-process engine core). vLLM is imported only when this engine is built; without it, building it
+Read against vLLM 0.33 (the version the ``gpu`` extra pins; the V1 engine: ``logprobs_mode``,
+token prompts, sleep mode with tags, ``collective_rpc``). vLLM is imported only when this engine is built; without it, building it
 fails at once with the install line. Everything engine-independent (seeds, record building,
 parsing) lives elsewhere; this module only maps requests and outputs and reaches the weights.
 
@@ -13,22 +13,32 @@ parsing) lives elsewhere; this module only maps requests and outputs and reaches
   pi_old anyway).
 - Stop strings are kept in the output (``include_stop_str_in_output``), as HFEngine keeps the
   token that completes them.
-- Weight sync: ``load_weights`` hands the trainer's (name, tensor) pairs, Hugging Face names, to
-  the model's own ``load_weights`` inside the engine (which shards them for tensor parallelism)
-  and resets the prefix cache, whose entries were computed with the old weights. This needs the
-  engine core in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before vLLM is
-  imported; tensor parallel > 1 uses ``distributed_executor_backend="external_launcher"`` (one
-  engine per torchrun rank, as TRL's colocate mode).
-- ``sleep()``: ``LLM.sleep(level)`` (1: weights to CPU and KV cache freed; 2: both freed, only safe
-  when ``load_weights`` follows every ``wake()``); ``wake()``: ``LLM.wake_up()``.
+- Placement: under torchrun every rank builds its own engine with
+  ``distributed_executor_backend="external_launcher"`` (vLLM then joins the trainer's process
+  group and takes its device from ``LOCAL_RANK``, set here to the trainer's current CUDA device
+  while the engine is built). Without it vLLM's uni-process executor would put every rank's
+  engine on ``cuda:0``. vLLM reseeds torch/numpy/random at start-up; the caller's generator
+  states are restored afterwards, so ranks keep their own seeds.
+- Tensor parallel > 1 under torchrun is refused: every rank of a TP group would have to submit
+  identical requests, while each rank rolls out its own questions. (One process, no torchrun:
+  vLLM's own multiprocess executor serves TP > 1.)
+- Weight sync (``load_weights``): a function sent to the engine's worker(s) through
+  ``LLM.collective_rpc`` hands the (name, tensor) pairs to the model's own ``load_weights``
+  (which shards them for tensor parallelism). With the engine core in this process (always under
+  torchrun) the caller's iterator is consumed lazily, one parameter at a time; with a separate
+  engine-core process each parameter is sent as its own call, copied to host memory.
+- Sleep: ``sleep(level)`` is ``LLM.sleep(level)`` (1: weights to host memory, KV cache freed; 2:
+  both freed); ``wake_up(tags)`` wakes only what is asleep (``["weights"]``, ``["kv_cache"]`` or
+  all); ``load_weights`` must follow a level-2 sleep before ``generate``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Sequence
+import random
+from typing import Dict, Iterable, List, Optional, Sequence
 
-from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.core.generation import Completion, GenerationRequest
 
 INSTALL_HINT = "pip install 'multiagent-opd[gpu]'"
 
@@ -61,23 +71,108 @@ def completion_from_output(output, tokenizer) -> Completion:
                       text=tokenizer.decode(ids, skip_special_tokens=True))
 
 
-class VLLMEngine:
-    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None, sleep_level: int = 1,
-                 enable_sleep_mode: bool = True):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self._vllm = import_vllm()
-        kwargs = {"model": model_path, "gpu_memory_utilization": gpu_memory_utilization,
-                  "tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "seed": seed,
-                  "enable_sleep_mode": enable_sleep_mode, "logprobs_mode": "processed_logprobs"}
-        if max_model_len:
-            kwargs["max_model_len"] = max_model_len
+def under_torchrun(env=None) -> bool:
+    """True when this process is one rank of a torchrun-style launch (RANK and LOCAL_RANK set)."""
+    env = os.environ if env is None else env
+    return "RANK" in env and "LOCAL_RANK" in env
+
+
+def engine_kwargs(model_path: str, *, gpu_memory_utilization: float, tensor_parallel_size: int, dtype: str,
+                  seed: int, max_model_len: Optional[int], env=None) -> Dict[str, object]:
+    """The ``vllm.LLM`` keyword arguments for this process (pure: tested for 1, 2 and 8 ranks).
+
+    Under torchrun: the external launcher, always (one engine per rank, on the rank's device);
+    the seed differs per rank, since every rank samples its own questions.
+    """
+    env = os.environ if env is None else env
+    kwargs: Dict[str, object] = {
+        "model": model_path, "gpu_memory_utilization": gpu_memory_utilization,
+        "tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "seed": seed,
+        "enable_sleep_mode": True, "logprobs_mode": "processed_logprobs"}
+    if max_model_len:
+        kwargs["max_model_len"] = int(max_model_len)
+    if under_torchrun(env):
         if tensor_parallel_size > 1:
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        self.llm = self._vllm.LLM(**kwargs)
+            from mopd.config import ConfigError
+
+            raise ConfigError(
+                f"rollout.tensor_parallel_size={tensor_parallel_size} under torchrun is not supported: with "
+                "one engine per rank, every rank of a tensor-parallel group would have to submit the same "
+                "requests, but each rank rolls out its own questions. Use rollout.tensor_parallel_size=1 "
+                "(a model that needs TP to fit is beyond the colocated set-up; see `mopd plan`).")
+        kwargs["distributed_executor_backend"] = "external_launcher"
+        kwargs["seed"] = seed + int(env["RANK"])
+    return kwargs
+
+
+def _rng_states() -> dict:
+    import numpy as np
+    import torch
+
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _restore_rng_states(states: dict) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["random"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+def load_weights_on_worker(worker, named_tensors) -> int:
+    """Runs inside each vLLM worker (``collective_rpc`` passes the worker first): the model's own
+    ``load_weights`` maps Hugging Face names to its fused/sharded parameters."""
+    from vllm.config import set_current_vllm_config
+
+    model = worker.model_runner.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        loaded = model.load_weights(weights=named_tensors)
+    return len(loaded) if loaded is not None else 0
+
+
+ALL_TAGS = ("weights", "kv_cache")
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.85, tensor_parallel_size: int = 1,
+                 dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None):
+        kwargs = engine_kwargs(model_path, gpu_memory_utilization=gpu_memory_utilization,
+                               tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
+                               max_model_len=max_model_len)
+        launcher = kwargs.get("distributed_executor_backend") == "external_launcher"
+        if launcher:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # the external launcher asserts it
+        else:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # Weights stream through one call when the engine core (and its single worker) live in
+        # this process; otherwise each parameter travels as its own call, through host memory.
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and tensor_parallel_size == 1
+        self._vllm = import_vllm()
+        states = _rng_states()
+        local_rank = os.environ.get("LOCAL_RANK")
+        try:
+            if launcher:
+                import torch
+
+                if torch.cuda.is_available():
+                    # vLLM's worker takes cuda:LOCAL_RANK: make that the trainer's device, also
+                    # where a launcher shows each rank only its own GPU.
+                    os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
+            self.kwargs = kwargs
+            self.llm = self._vllm.LLM(**kwargs)
+        finally:
+            if local_rank is not None:
+                os.environ["LOCAL_RANK"] = local_rank
+            _restore_rng_states(states)
         self.tokenizer = self.llm.get_tokenizer()
-        self.sleep_level = sleep_level
-        self._asleep = False
+        self._asleep_tags: set = set()
 
     def _params(self, p):
         return self._vllm.SamplingParams(
@@ -89,25 +184,43 @@ class VLLMEngine:
         outputs = self.llm.generate(prompts, [self._params(r.params) for r in requests], use_tqdm=False)
         return [[completion_from_output(o, self.tokenizer) for o in out.outputs] for out in outputs]
 
-    def _model(self):
-        executor = self.llm.llm_engine.model_executor
-        worker = executor.driver_worker
-        worker = getattr(worker, "worker", worker)  # V1 wraps the worker
-        return worker.model_runner.model
+    @property
+    def weight_dtype(self):
+        """The dtype the engine computes in (what the trainer casts its streamed weights to)."""
+        import torch
+
+        dtype = getattr(getattr(self.llm, "model_config", None), "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
 
     def load_weights(self, named_tensors: Iterable) -> None:
-        self._model().load_weights(list(named_tensors))
+        if "weights" in self._asleep_tags:
+            raise RuntimeError("load_weights on sleeping weights: call wake_up(tags=['weights']) first")
+        if self.in_process:
+            self.llm.collective_rpc(load_weights_on_worker, args=(named_tensors,))
+        else:
+            for name, tensor in named_tensors:
+                self.llm.collective_rpc(load_weights_on_worker, args=([(name, tensor.cpu())],))
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
-    def sleep(self) -> None:
-        if not self._asleep:
-            self.llm.sleep(level=self.sleep_level)
-            self._asleep = True
+    def sleep(self, level: int = 1) -> None:
+        if level < 1:
+            raise ValueError(f"sleep level {level}: use 1 (weights to host memory) or 2 (weights freed)")
+        if not self._asleep_tags:
+            self.llm.sleep(level=level)
+            self._asleep_tags = set(ALL_TAGS)
+
+    def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
+        wanted = set(ALL_TAGS if tags is None else tags)
+        unknown = wanted - set(ALL_TAGS)
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {sorted(unknown)}; use {list(ALL_TAGS)}")
+        todo = [t for t in ALL_TAGS if t in wanted and t in self._asleep_tags]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self._asleep_tags -= set(todo)
 
     def wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        self.wake_up(None)

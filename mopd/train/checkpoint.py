@@ -1,10 +1,19 @@
-"""Atomic, resumable checkpoints (torch.distributed.checkpoint) and Hugging Face export.
+"""Atomic, verified, resumable checkpoints (torch.distributed.checkpoint) and Hugging Face export.
 
 A checkpoint is ``<run>/checkpoints/step_<N>/``: the DCP shards of model and optimizer (each
-rank writes its own), ``trainer_state.json`` (step, data position, scheduler, bad-step counter)
-and ``rng_rank<r>.pt`` (every rank's torch/numpy/python RNG states). It is written into
-``step_<N>.tmp`` and renamed only when complete, so a crash never leaves a half checkpoint that
-``--resume`` would pick; the oldest ones beyond ``keep`` are deleted afterwards.
+rank writes its own), ``trainer_state.json`` (step, data position, scheduler, bad-step counter),
+``rng_rank<r>.pt`` (every rank's torch/numpy/python RNG states) and, written last,
+``manifest.json`` (size and sha256 of every other file, :mod:`mopd.train.manifest`).
+
+Saving writes ``step_<N>.tmp`` and renames it only when complete. Re-saving an existing step
+first renames the old directory to ``step_<N>.replaced`` and deletes it only after the new one is
+in place, so at every instant one complete copy exists (a leftover ``.replaced`` is put back by
+the next save or load). Retention keeps the last ``keep`` checkpoints plus the best-validation one
+named in ``checkpoints/best.json``.
+
+Loading verifies the manifest and falls back to the newest checkpoint that verifies, reporting
+why each newer one was skipped (a truncated, deleted or bit-flipped file, a save that never
+finished).
 """
 
 from __future__ import annotations
@@ -14,15 +23,21 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from mopd.train.manifest import FORMAT, verify_checkpoint, write_manifest
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -49,13 +64,20 @@ def set_rng_state(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run can be used (each one's reason is in the message)."""
+
+
 def save_checkpoint(run_dir: str | os.PathLike, step: int, model, optimizer, trainer_state: dict,
                     keep: int = 3) -> Path:
-    """Write step ``step`` atomically; returns the final directory."""
+    """Write step ``step`` atomically, with its manifest; returns the final directory.
+
+    Retention then deletes all but the last ``keep`` checkpoints and the best one (``best.json``)."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     if _rank() == 0:
+        recover_replaced(run_dir)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -64,19 +86,43 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model, optimizer, tra
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
     if _rank() == 0:
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=2))
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "format": FORMAT, **trainer_state},
+                                                           indent=2))
+    _barrier()
+    write_manifest(tmp)
     _barrier()
     if _rank() == 0:
+        aside = root / f"step_{step:06d}.replaced"
         if final.exists():
-            shutil.rmtree(final)
+            if aside.exists():
+                shutil.rmtree(aside)
+            os.replace(final, aside)     # the old copy stays until the new one is in place
         os.replace(tmp, final)
+        if aside.exists():
+            shutil.rmtree(aside)
+        best = best_checkpoint(run_dir)
         for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != best:
+                shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
 
 
+def recover_replaced(run_dir: str | os.PathLike) -> None:
+    """Undo a re-save that was killed between its two renames (rank 0 only)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return
+    for aside in root.glob("step_*.replaced"):
+        final = aside.with_suffix("")
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)   # the new copy was already in place
+        else:
+            os.replace(aside, final)
+
+
 def list_checkpoints(run_dir: str | os.PathLike) -> list:
+    """Step directories of a run, oldest first (complete or not: see :func:`find_checkpoint`)."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -84,17 +130,43 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list:
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(run_dir: str | os.PathLike) -> Optional[Path]:
-    cks = list_checkpoints(run_dir)
-    return cks[-1] if cks else None
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest checkpoint that verifies (``None`` if there is none)."""
+    return find_checkpoint(run_dir)[0]
 
 
-def load_checkpoint(path: str | os.PathLike, model, optimizer) -> dict:
+def find_checkpoint(run_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest verified checkpoint of a run and the ``(path, reason)`` of each newer one skipped.
+
+    Rank 0 verifies and the other ranks receive its answer, so all ranks load the same step."""
+    found: list = [None, []]
+    if _rank() == 0:
+        recover_replaced(run_dir)
+        for path in reversed(list_checkpoints(run_dir)):
+            reason = verify_checkpoint(path)
+            if reason is None:
+                found[0] = path
+                break
+            found[1].append((path, reason))
+    if dist.is_initialized():
+        dist.broadcast_object_list(found, src=0)
+    return found[0], found[1]
+
+
+def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = True) -> dict:
     """Restore model, optimizer and this rank's RNG; returns the trainer state (step, data, ...)."""
     path = Path(path)
+    if verify:
+        reason = verify_checkpoint(path) if _rank() == 0 else None
+        if dist.is_initialized():
+            box = [reason]
+            dist.broadcast_object_list(box, src=0)
+            reason = box[0]
+        if reason is not None:
+            raise CheckpointError(f"{path} cannot be used: {reason}")
     state_file = path / "trainer_state.json"
     if not state_file.is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer_state.json)")
+        raise CheckpointError(f"{path} is not a complete checkpoint (no trainer_state.json)")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
@@ -103,6 +175,95 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer) -> dict:
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return json.loads(state_file.read_text())
+
+
+def load_latest(run_dir: str | os.PathLike, model, optimizer,
+                on_skip: Callable[[Path, str], None] = lambda p, why: None) -> tuple[Path | None, dict | None]:
+    """Load the newest checkpoint that verifies; ``on_skip(path, reason)`` for every newer one.
+
+    Returns ``(None, None)`` when the run has no checkpoint at all, and raises
+    :class:`CheckpointError` when it has some but none verifies (resuming from step 0 would then
+    silently throw a run away)."""
+    path, skipped = find_checkpoint(run_dir)
+    for p, why in skipped:
+        on_skip(p, why)
+    if path is None:
+        if skipped:
+            raise CheckpointError(f"no checkpoint of {run_dir} verifies: "
+                                  + "; ".join(f"{p.name}: {why}" for p, why in skipped))
+        return None, None
+    return path, load_checkpoint(path, model, optimizer, verify=False)
+
+
+# ---------------------------------------------------------------------- the best-validation checkpoint
+BEST_FILE = "best.json"
+
+
+def read_best(run_dir: str | os.PathLike) -> dict | None:
+    """``{"step", "metric", "value"}`` of the best-validation checkpoint, if one was marked."""
+    f = Path(run_dir) / "checkpoints" / BEST_FILE
+    try:
+        return json.loads(f.read_text()) if f.is_file() else None
+    except ValueError:
+        return None
+
+
+def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    b = read_best(run_dir)
+    return Path(run_dir) / "checkpoints" / f"step_{int(b['step']):06d}" if b else None
+
+
+def is_new_best(run_dir: str | os.PathLike, value: float, higher_is_better: bool = True) -> bool:
+    b = read_best(run_dir)
+    if b is None:
+        return True
+    return value > b["value"] if higher_is_better else value < b["value"]
+
+
+def mark_best(run_dir: str | os.PathLike, step: int, metric: str, value: float) -> Path:
+    """Record ``step`` (already saved) as the best-validation checkpoint, which retention keeps
+    beside the last K (rank 0 writes; call it on every rank)."""
+    f = Path(run_dir) / "checkpoints" / BEST_FILE
+    if _rank() == 0:
+        tmp = f.with_name(BEST_FILE + ".tmp")
+        tmp.write_text(json.dumps({"step": int(step), "metric": metric, "value": float(value)}))
+        os.replace(tmp, f)
+    _barrier()
+    return f.parent / f"step_{int(step):06d}"
+
+
+def select_checkpoint(path: str | os.PathLike, which: str = "latest") -> tuple[Path, list[str]]:
+    """The checkpoint ``mopd export`` should read, and notes on what was skipped.
+
+    ``path``: a step directory (used as is, if it verifies) or a run directory, where ``which`` is
+    ``latest`` (the newest that verifies), ``best`` (the best-validation one) or a step number."""
+    path = Path(path)
+    if not (path / "checkpoints").is_dir():
+        if which != "latest":
+            raise CheckpointError(f"--checkpoint {which} needs a run directory; {path} has no checkpoints/")
+        reason = verify_checkpoint(path)
+        if reason is not None:
+            raise CheckpointError(f"{path} cannot be used: {reason}")
+        return path, []
+    if which == "latest":
+        found, skipped = find_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path} holds no checkpoint that verifies"
+                                  + "".join(f"; {p.name}: {why}" for p, why in skipped))
+        return found, [f"skipped {p.name}: {why}" for p, why in skipped]
+    if which == "best":
+        found = best_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path} has no best-validation checkpoint (checkpoints/{BEST_FILE}: the run "
+                                  "never validated, or ran without checkpoints)")
+    elif which.isdigit():
+        found = path / "checkpoints" / f"step_{int(which):06d}"
+    else:
+        raise CheckpointError(f"--checkpoint {which!r}: expected latest, best or a step number")
+    reason = verify_checkpoint(found)
+    if reason is not None:
+        raise CheckpointError(f"{found} cannot be used: {reason}")
+    return found, []
 
 
 def full_model_state_dict(model) -> dict:
@@ -130,25 +291,24 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
 
 
 def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                      base_model_path: Optional[str] = None) -> Path:
+                      base_model_path: str | None = None, which: str = "latest",
+                      log: Callable[[str], None] = lambda s: None) -> Path:
     """`mopd export`: load a DCP checkpoint's weights into the base architecture and save it for HF/vLLM.
 
-    The architecture and tokenizer come from ``base_model_path``, by default the ``model_path`` the
+    ``ckpt_dir`` is a step directory or a run directory (``which``: latest, best or a step number,
+    see :func:`select_checkpoint`); the checkpoint must verify against its manifest. The
+    architecture and tokenizer come from ``base_model_path``, by default the ``model_path`` the
     run recorded in the checkpoint's trainer_state.json.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ckpt = Path(ckpt_dir)
-    if (ckpt / "checkpoints").is_dir():       # a run directory: take its latest checkpoint
-        latest = latest_checkpoint(ckpt)
-        if latest is None:
-            raise FileNotFoundError(f"{ckpt} holds no complete checkpoint")
-        ckpt = latest
-    if not (ckpt / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"{ckpt} is not a complete checkpoint (no trainer_state.json)")
+    ckpt, notes = select_checkpoint(ckpt_dir, which)
+    for n in notes:
+        log(n)
+    log(f"exporting {ckpt}")
     base_model_path = base_model_path or json.loads((ckpt / "trainer_state.json").read_text()).get("model_path")
     if not base_model_path:
-        raise FileNotFoundError(f"{ckpt} does not record its base model; pass --base-model DIR")
+        raise CheckpointError(f"{ckpt} does not record its base model; pass --base-model DIR")
     model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(base_model_path)
     sd = get_model_state_dict(model)

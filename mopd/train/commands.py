@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mopd.cli import add_overrides_argument
+from mopd.core.arguments import add_overrides_argument
 
 
 def register(sub) -> None:
@@ -14,8 +14,15 @@ def register(sub) -> None:
                     "trainer.out_dir. Options go before PRESET; everything after it is a config override.")
     p.add_argument("--file", dest="yaml_file", default=None, help="YAML config applied on top of the preset")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the latest complete checkpoint in trainer.out_dir (exactly: weights, "
-                        "optimizer, scheduler, RNG, data position)")
+                   help="continue from the newest checkpoint in trainer.out_dir that verifies (exactly: "
+                        "weights, optimizer, scheduler, RNG, data position); the method, model, teacher, data and "
+                        "config must be the run's own (see --allow-changed)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a trainer.out_dir that holds a run, moving that run's files aside to "
+                        "OUT_DIR.replaced-<time>/ (without it such a start is refused)")
+    p.add_argument("--allow-changed", nargs="+", default=(), metavar="KEY",
+                   help="with --resume: config keys (or sections, e.g. trainer) allowed to differ from the "
+                        "run's recorded ones, e.g. trainer.steps; any other difference is refused")
     p.add_argument("--steps", type=int, default=None, help="stop after this many total steps (default trainer.steps)")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="after training, also write a Hugging Face model here (e.g. the Stage-I teacher)")
@@ -25,35 +32,72 @@ def register(sub) -> None:
     p.set_defaults(func=_train)
 
     e = sub.add_parser("export", help="write a Hugging Face model (safetensors + tokenizer) from a checkpoint",
-                       description="Load a training checkpoint (a step_N directory, or a run directory for its "
-                                   "latest checkpoint) into the run's base architecture and save it in Hugging "
-                                   "Face format, loadable by transformers and vLLM (and as a teacher).")
+                       description="Load a training checkpoint (a step_N directory, or a run directory and "
+                                   "--checkpoint latest|best|STEP) into the run's base architecture and save it "
+                                   "in Hugging Face format, loadable by transformers and vLLM (and as a teacher). "
+                                   "The checkpoint must verify against its manifest.")
     e.add_argument("checkpoint", help="checkpoint directory (RUN/checkpoints/step_N) or run directory")
+    e.add_argument("--checkpoint", dest="which", default="latest", metavar="WHICH",
+                   help="for a run directory: latest (the newest checkpoint that verifies; default), best (the "
+                        "best-validation checkpoint, kept beside the last K) or a step number")
     e.add_argument("--out", required=True, help="output model directory")
     e.add_argument("--base-model", default=None,
                    help="architecture/tokenizer source (default: the model.path recorded in the checkpoint)")
     e.set_defaults(func=_export)
 
 
+def _misplaced_options(args, own: tuple) -> None:
+    """Options typed after the preset land among the overrides: say that they go before it."""
+    from mopd.core.errors import UserError
+
+    for o in args.overrides or ():
+        name = o.split("=", 1)[0]
+        if name in own:
+            raise UserError(f"{name} comes after the preset; options go before it: "
+                            f"mopd {args.command} {name} ... {args.preset} [overrides]")
+
+
+TRAIN_OPTIONS = ("--file", "--resume", "--overwrite", "--allow-changed", "--steps", "--export")
+
+
 def _train(args) -> int:
     import logging
+    import os
 
-    from mopd.cli import UserError
     from mopd.config import resolve
+    from mopd.core.errors import UserError
+    from mopd.train.preflight import PreflightError, check_training_inputs
+    from mopd.train.run_dir import RunDirError, default_out_dir, prepare_run_dir
+
+    _misplaced_options(args, TRAIN_OPTIONS)
+    if args.allow_changed and not args.resume:
+        raise UserError("--allow-changed only applies with --resume")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    default_out_dir(cfg, args.preset)
+    try:
+        check_training_inputs(cfg)
+        start = None
+        if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 owns the directory
+            start = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite,
+                                    allow_changed=args.allow_changed)
+    except (PreflightError, RunDirError) as e:
+        raise UserError(str(e)) from None
+    from mopd.train.checkpoint import CheckpointError
     from mopd.train.model import ModelLoadError
     from mopd.train.trainer import PolicyTrainer, TrainingError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = resolve(args.preset, args.overrides, args.yaml_file)
     try:
         trainer = PolicyTrainer(cfg, resume=args.resume)
+        for line in start.events if start is not None else ():
+            trainer.logger.event(trainer.step, "run_dir", line)
         try:
             last = trainer.fit(args.steps)
             if args.export:
                 trainer.export(args.export)
         finally:
             trainer.close()
-    except (ModelLoadError, TrainingError) as e:
+    except (ModelLoadError, TrainingError, CheckpointError) as e:
         raise UserError(str(e)) from None
     if trainer.rank == 0:
         shown = {k: round(v, 4) for k, v in last.items() if k in ("rollout/em", "val/em", "loss/total")}
@@ -62,8 +106,12 @@ def _train(args) -> int:
 
 
 def _export(args) -> int:
-    from mopd.train.checkpoint import export_checkpoint
+    from mopd.core.errors import UserError
+    from mopd.train.checkpoint import CheckpointError, export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, args.base_model)
+    try:
+        out = export_checkpoint(args.checkpoint, args.out, args.base_model, which=args.which, log=print)
+    except CheckpointError as e:
+        raise UserError(str(e)) from None
     print(f"exported {out}")
     return 0

@@ -16,7 +16,7 @@ import torch
 from mopd.algo.advantages import role_advantages
 from mopd.algo.rewards import kl_in_reward, role_rewards
 from mopd.config import Config
-from mopd.rollout.records import AgentCall, WorkflowRecord
+from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.train.packing import PackedBatch
 
 

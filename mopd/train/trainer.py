@@ -14,16 +14,16 @@ import math
 import os
 import signal
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from mopd.algo.advantages import ROLE_IDS, call_token_signals, role_specs
+from mopd.algo.advantages import call_token_signals, role_specs
 from mopd.algo.diagnostics import batch_diagnostics
-from mopd.config import ROLES, Config, to_dict, to_yaml
+from mopd.config import Config, to_dict, to_yaml
+from mopd.core.roles import ROLE_IDS, ROLES
 from mopd.train import checkpoint as ckpt
 from mopd.train.metrics_log import MetricsLogger, plot_training
 from mopd.train.model import PackedCausalLM, load_causal_lm, resolve_dtype, shard_model
@@ -109,7 +109,7 @@ class PolicyTrainer:
         self.retriever = retriever
         self._rollout_fn = rollout_fn
 
-        from mopd.data.qa import load_questions
+        from mopd.core.qa import load_questions
 
         self.train_questions, rep = load_questions(cfg.data.train, skip_malformed=cfg.data.skip_malformed)
         self.dev_questions = []

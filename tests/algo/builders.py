@@ -1,6 +1,6 @@
 """Small hand-made records for the method tests."""
 
-from mopd.rollout.records import AgentCall, Event, Passage, Segment, WorkflowRecord
+from mopd.core.records import AgentCall, Event, Passage, Segment, WorkflowRecord
 
 
 def call(call_id, role, model_texts, *, env_len=2, tok=10, invalid=False, group="", step=0):

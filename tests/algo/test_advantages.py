@@ -2,10 +2,16 @@ import math
 
 import pytest
 import torch
-
 from builders import call, record
-from mopd.algo.advantages import (ROLE_IDS, call_token_signals, group_normalize, opd_advantages,
-                                  role_advantages, token_advantages)
+
+from mopd.algo.advantages import (
+    ROLE_IDS,
+    call_token_signals,
+    group_normalize,
+    opd_advantages,
+    role_advantages,
+    token_advantages,
+)
 
 
 def test_group_normalize_by_hand():
@@ -89,3 +95,27 @@ def test_token_signals_land_on_model_tokens_only():
     R, A = token_advantages([c, a], [None, -2.0])
     assert R.tolist() == [-1, -1, -1, sid, sid, -1, -1, -1, sid, sid, -1, 2, 2]
     assert A.tolist() == [0.0] * 11 + [-2.0, -2.0]
+
+
+def test_two_copies_of_one_question_in_a_step_form_two_groups():
+    """An epoch boundary can deal a question twice in one step: each copy's G runs (same question
+    id, attempts 0..G-1 each) are their own group, for every role."""
+    recs, rewards = [], []
+    for copy, outcomes in enumerate(([1.0, 0.0], [1.0, 1.0])):
+        for attempt, r in enumerate(outcomes):
+            calls = [call("l0", "leader", ["x"]), call("s0", "searcher", ["x"]),
+                     *[call(f"a{j}", "answerer", ["x"], group=f"nq/q1/{attempt}/a0") for j in range(2)]]
+            rec = record(attempt=attempt, calls=calls)
+            rec.group_id = f"nq/q1#{copy}"
+            recs.append(rec)
+            rewards.append({"l0": r, "s0": r, "a0": r, "a1": 0.0})
+    adv = role_advantages(recs, rewards, eps=0.0)
+    z = 0.5 / math.sqrt(0.5)
+    assert [a["l0"] for a in adv] == pytest.approx([z, -z, 0.0, 0.0])
+    assert [a["s0"] for a in adv] == pytest.approx([z, -z, 0.0, 0.0])
+    # the Answerer requests of attempt 0 of both copies share a request id but not a group
+    assert [a["a0"] for a in adv] == pytest.approx([z, 0.0, z, z])
+    # merged by question id (records without a group id), the four runs would be one group
+    for rec in recs:
+        rec.group_id = ""
+    assert [a["l0"] for a in role_advantages(recs, rewards, eps=0.0)][2] != 0.0

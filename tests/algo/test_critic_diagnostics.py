@@ -1,9 +1,9 @@
 import pytest
-
 from builders import call, record, search
+
 from mopd.algo.critic import parse_verdict, render_judge_prompt
 from mopd.algo.diagnostics import batch_diagnostics
-from mopd.rollout.records import Event
+from mopd.core.records import Event
 
 
 @pytest.mark.parametrize("text,v", [

@@ -1,9 +1,18 @@
 import pytest
-
 from builders import call, record, search
-from mopd.algo.rewards import (assignment_reward, candidate_scores, kl_in_reward, role_rewards, search_bonus,
-                               search_steps, team_outcome)
+
+from mopd.algo.rewards import (
+    assignment_reward,
+    behaviour_bonus,
+    candidate_scores,
+    kl_in_reward,
+    role_rewards,
+    search_bonus,
+    search_steps,
+    team_outcome,
+)
 from mopd.config import RewardConfig, resolve
+from mopd.core.records import Event
 
 
 def test_team_outcome():
@@ -24,11 +33,15 @@ def test_search_steps_counts_steps_not_actions():
     assert search_steps(rec, "s0") == 2 and search_steps(rec, "s1") == 1
 
 
-def stage1_record(cands, n_search_steps, invalid_searcher=False, attempt=0):
+def report(step, cid):
+    return Event("report", step, cid, "r")
+
+
+def stage1_record(cands, n_search_steps, invalid_searcher=False, attempt=0, reported=True):
     s = call("s0", "searcher", ["<search>a</search>", "<report>r</report>"], invalid=invalid_searcher)
     answerers = [call(f"a{j}", "answerer", [c], group="g") for j, c in enumerate(cands)]
-    return record(attempt=attempt, candidates=cands, calls=[s, *answerers],
-                  events=[search(k, "s0") for k in range(n_search_steps)], workflow="cmas")
+    events = [search(k, "s0") for k in range(n_search_steps)] + ([report(n_search_steps, "s0")] if reported else [])
+    return record(attempt=attempt, candidates=cands, calls=[s, *answerers], events=events, workflow="cmas")
 
 
 def test_stage1_rewards_by_hand():
@@ -48,7 +61,7 @@ def hmas_record(cands, search_steps_, leader_invalid=False, attempt=0, searchers
     ss = [call(f"s{k}", "searcher", ["<search>a</search>", "<report>r</report>"]) for k in range(searchers)]
     answerers = [call(f"a{j}", "answerer", [c], group="g") for j, c in enumerate(cands)]
     return record(attempt=attempt, candidates=cands, calls=[leader, *ss, *answerers],
-                  events=[search(k, "s0") for k in search_steps_])
+                  events=[search(k, "s0") for k in search_steps_] + [report(20, f"s{k}") for k in range(searchers)])
 
 
 def test_stage2_leader_reward_by_hand():
@@ -91,3 +104,27 @@ def test_kl_in_reward_by_hand():
     with pytest.raises(ValueError, match="a1"):
         kl_in_reward(r, rec, {"l0": 1.0, "a0": 1.0}, cfg.kl_roles, cfg.kl_coef)
     assert kl_in_reward(r, rec, {}, cfg.kl_roles, 0.0) == r
+
+
+def test_search_bonus_is_paid_only_with_a_report():
+    cfg = resolve("cmas_rl").reward
+    for steps, bonus in ((0, 0.0), (1, 0.5), (3, 1.0)):
+        rec = stage1_record(["<answer>Lyon</answer>"], steps)
+        assert behaviour_bonus(rec) == bonus
+        assert role_rewards(rec, cfg)["s0"] == pytest.approx(0.2 * bonus)
+        silent = stage1_record(["<answer>Lyon</answer>"], steps, reported=False)
+        assert behaviour_bonus(silent) == 0.0 and role_rewards(silent, cfg)["s0"] == 0.0
+    # critic, per call: s0 searched twice but never reported, s1 searched once and reported
+    rec = record(calls=[call("s0", "searcher", ["<search>a</search>"]), call("s1", "searcher", ["x"])],
+                 events=[search(1, "s0"), search(2, "s0"), search(1, "s1"), report(2, "s1")])
+    assert (behaviour_bonus(rec, "s0"), behaviour_bonus(rec, "s1"), behaviour_bonus(rec)) == (0.0, 0.5, 0.5)
+
+
+def test_an_invalid_output_gets_exactly_the_invalid_reward_without_kl():
+    cfg = resolve("mopd").reward
+    rec = hmas_record(["<answer>Paris</answer>", "no tag"], [0], leader_invalid=True)
+    r = role_rewards(rec, cfg)
+    assert (r["l0"], r["a1"]) == (-1.0, -1.0)
+    out = kl_in_reward(r, rec, {"l0": 3.0, "a0": 5.0, "a1": 7.0}, cfg.kl_roles, cfg.kl_coef)
+    assert out["l0"] == -1.0 and out["a1"] == -1.0
+    assert out["a0"] == pytest.approx(1.0 - 5e-3)       # a valid candidate still pays its KL

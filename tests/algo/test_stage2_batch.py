@@ -4,8 +4,8 @@ the fused loss (reference backend), checked against the formulas computed by han
 import math
 
 import torch
-
 from builders import call, record, search
+
 from mopd.algo.advantages import ROLE_IDS, role_advantages, role_specs, token_advantages
 from mopd.algo.rewards import kl_in_reward, role_rewards
 from mopd.config import resolve
@@ -75,7 +75,7 @@ def test_stage2_batch_loss_equals_hand_computation():
 
 def test_judge_reports_batches_all_reports_through_the_engine():
     from mopd.algo.critic import JudgeItem, judge_reports
-    from mopd.rollout.engine import Completion
+    from mopd.core.generation import Completion
 
     class Tok:
         def apply_chat_template(self, messages, add_generation_prompt, tokenize):

@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-from pathlib import Path
 
 from mopd.demo import DemoSettings, run_demo, spread_over_datasets
 
@@ -75,8 +74,8 @@ def test_spread_over_datasets():
 def test_claims_are_paired_differences_of_avg(tmp_path):
     """check_claims against hand-made records: the trained system gets exactly 2 more attempts of 4 right
     on every question, so the paired difference is +0.5 in every draw (unpaired draws would spread it)."""
+    from mopd.core.records import WorkflowRecord, write_records
     from mopd.demo import check_claims
-    from mopd.rollout.records import WorkflowRecord, write_records
 
     def run(name, correct_per_q, workflow):
         recs = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from mopd.rollout.records import AgentCall, Event, Passage, WorkflowRecord
+from mopd.core.records import AgentCall, Event, Passage, WorkflowRecord
 
 
 def make_record(qid: str, dataset: str, attempt: int, candidate: Optional[str], answers=("paris",), *,

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from mopd.core.records import AgentCall, RecordError, Segment, read_records, write_records
 from mopd.eval.loading import load_runs, read_eval_records
 from mopd.eval.summary import summarize
-from mopd.rollout.records import AgentCall, RecordError, Segment, read_records, write_records
 
 from .records_factory import WRONG, make_record, right
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from mopd.cli import main
+from mopd.core.records import write_records
 from mopd.eval.collapse import collapse_table
 from mopd.eval.plots import read_training_log, validation_curve_plot
-from mopd.rollout.records import write_records
 
 from .records_factory import WRONG, make_record, right
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from mopd.cli import main
-from mopd.data.qa import QAExample, write_questions
-from mopd.rollout.records import read_records
+from mopd.core.qa import QAExample, write_questions
+from mopd.core.records import read_records
 
 
 class _Passage:
@@ -23,7 +23,7 @@ class _Retriever:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     pytest.importorskip("transformers")
-    from mopd.rollout.tiny_model import init_tiny_model
+    from mopd.data.tiny_model import init_tiny_model
 
     return init_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=1, heads=2, ffn=64,
                            max_positions=4096)

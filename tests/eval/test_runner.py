@@ -5,10 +5,10 @@ import json
 import pytest
 
 from mopd.config import Config, resolve
-from mopd.data.qa import QAExample
+from mopd.core.qa import QAExample
+from mopd.core.records import read_records
 from mopd.eval.alignment import EvalError
 from mopd.eval.runner import eval_rollout_config, read_finished, run_evaluation
-from mopd.rollout.records import read_records
 
 from .records_factory import make_record, right
 
@@ -127,7 +127,7 @@ def test_evaluate_in_process_with_an_engine(tmp_path):
 
 
 def test_token_ids_are_dropped_unless_kept(tmp_path):
-    from mopd.rollout.records import Segment
+    from mopd.core.records import Segment
 
     def with_segments(*a, **k):
         recs = FakeRollout()(*a, **k)

@@ -2,8 +2,16 @@ import json
 
 import pytest
 
-from mopd.rollout.records import (AgentCall, Event, Passage, RecordError, Segment, WorkflowRecord,
-                                  read_records, write_records)
+from mopd.core.records import (
+    AgentCall,
+    Event,
+    Passage,
+    RecordError,
+    Segment,
+    WorkflowRecord,
+    read_records,
+    write_records,
+)
 
 
 def make_record(attempt=0):

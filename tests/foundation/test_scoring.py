@@ -1,7 +1,12 @@
 import pytest
 
-from mopd.eval.scoring import (classify_failure, exact_match, extract_answer, flexible_extract,
-                               normalize_answer)
+from mopd.core.scoring import (
+    classify_failure,
+    exact_match,
+    extract_answer,
+    flexible_extract,
+    normalize_answer,
+)
 
 
 @pytest.mark.parametrize("raw,expected", [

@@ -3,9 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from mopd.data.qa import DataError, load_questions
-from mopd.data.splits import (build_splits, check_disjoint, normalize_question, parse_counts,
-                              question_hash, Splits)
+from mopd.core.qa import DataError, load_questions
+from mopd.data.splits import (
+    Splits,
+    build_splits,
+    check_disjoint,
+    normalize_question,
+    parse_counts,
+    question_hash,
+)
 
 FIX = Path(__file__).parent.parent / "fixtures" / "qa"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from mopd.config import RolloutConfig
-from mopd.data.qa import QAExample
+from mopd.core.qa import QAExample
 from mopd.rollout.scheduler import run_workflows
 
 from .fakes import FakeRetriever, ScriptedEngine

@@ -80,3 +80,14 @@ def test_any_plain_query_round_trips(query, pad_left, pad_right):
 def test_any_subtask_list_round_trips(subtasks):
     text = "\n".join(f"<subtask>{s}</subtask>" for s in subtasks)
     assert parse_leader(text, 0).subtasks == tuple(s.strip() for s in subtasks)
+
+
+def test_search_queries_count_complete_non_empty_tags_in_any_output():
+    from mopd.rollout.actions import search_queries
+
+    assert search_queries("<search> a b </search>") == ("a b",)
+    assert search_queries("text <search>x</search> more <search>y</search>") == ("x", "y")
+    assert search_queries("<search> </search><search>unclosed") == ()
+    assert search_queries("<think>maybe <search>no</search></think><report>r</report>") == ()
+    assert search_queries("<think>unclosed <search>q</search>") == ("q",)
+    assert search_queries("") == ()

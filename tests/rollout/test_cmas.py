@@ -1,7 +1,7 @@
 """C-MAS state machine, driven by a scripted engine: every transition of the cascade."""
 
+from mopd.core.records import WorkflowRecord
 from mopd.rollout import prompts
-from mopd.rollout.records import WorkflowRecord
 
 from .fakes import field, last_user, role_of, turn_of
 from .helpers import check_call_layout, kinds, run_scripted
@@ -70,18 +70,21 @@ def test_step_limit_forces_report_and_an_unreported_searcher_gives_an_empty_repo
         return "<answer>x</answer>"
 
     (rec,), *_ = run_scripted(tokenizer, respond, max_steps=3)
-    # step 1 searches, step 2 is forced and searches anyway: invalid, not run, empty report
-    assert kinds(rec) == ["search", ("limit", "step"), "invalid", "answer"]
-    assert rec.search_actions == 1 and rec.steps == 3
+    # step 1 searches, step 2 is forced and searches anyway: invalid, not run (but counted as the
+    # paper's recorder counts it, with no passages), empty report
+    assert kinds(rec) == ["search", ("limit", "step"), "search", "invalid", "answer"]
+    assert rec.search_actions == 2 and rec.returned_passages == 3 and rec.steps == 3
+    assert [len(e.passages) for e in rec.events_of("search")] == [3, 0]
     assert rec.calls[0].invalid and rec.events_of("invalid")[0].text == "<search>again</search>"
     assert f"Report 1: {prompts.EMPTY_REPORT}" in answer_prompts[0]
 
 
 def test_invalid_tags_are_recorded_and_re_asked(tokenizer):
-    bad = ["hello <search>x</search>", "<search>a</search><search>b</search>", "<search>  </search>",
-           "<report>r</report> trailing", "<think>t</think>", "<search>unclosed"]
+    # the search actions the paper's recorder counts in each: non-empty queries in complete tags
+    bad = {"hello <search>x</search>": 1, "<search>a</search><search>b</search>": 2, "<search>  </search>": 0,
+           "<report>r</report> trailing": 0, "<think>t</think>": 0, "<search>unclosed": 0}
 
-    for text in bad:
+    for text, n_search in bad.items():
         seen = []
 
         def respond(prompt, params, text=text, seen=seen):
@@ -91,8 +94,8 @@ def test_invalid_tags_are_recorded_and_re_asked(tokenizer):
             return "<answer>x</answer>"
 
         (rec,), *_ = run_scripted(tokenizer, respond)
-        assert kinds(rec) == ["invalid", "report", "answer"], text
-        assert rec.search_actions == 0
+        assert kinds(rec) == ["search"] * n_search + ["invalid", "report", "answer"], text
+        assert rec.search_actions == n_search and rec.returned_passages == 0
         assert rec.calls[0].invalid and rec.steps == 3
         assert seen[1].strip() == prompts.INVALID_SEARCHER
         check_call_layout(rec.calls[0], tokenizer)
@@ -177,7 +180,7 @@ def test_over_long_first_prompts_are_cut_from_the_left(tokenizer):
 
 
 def test_records_round_trip_through_json(tokenizer, tmp_path):
-    from mopd.rollout.records import read_records, write_records
+    from mopd.core.records import read_records, write_records
 
     recs, *_ = run_scripted(tokenizer, searcher_then_answer(["<search>q</search>", "<report>r</report>"]),
                             n_questions=2, attempts=2, candidates=2)

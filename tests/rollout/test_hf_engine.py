@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mopd.rollout.engine import GenerationRequest, SamplingParams
+from mopd.core.generation import GenerationRequest, SamplingParams
 from mopd.rollout.prompts import render_searcher_prompt
 from mopd.rollout.sampling import sample_step
 

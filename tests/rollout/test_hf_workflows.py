@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mopd.config import RolloutConfig
-from mopd.rollout.records import read_records, write_records
+from mopd.core.records import read_records, write_records
 from mopd.rollout.scheduler import run_workflows
 
 from .fakes import FakeRetriever

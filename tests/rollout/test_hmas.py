@@ -20,7 +20,7 @@ def policy(leader_turns, searcher=None, answer="<answer>a</answer>", log=None):
         if role == "leader":
             return leader_turns[min(turn_of(prompt), len(leader_turns)) - 1]
         if role == "searcher":
-            return searcher(field(prompt, "Your task"), turn_of(prompt))
+            return searcher(field(prompt, "Question"), turn_of(prompt))
         return answer
     return respond
 
@@ -46,9 +46,10 @@ def test_wave_of_three_then_select_a_subset(tokenizer):
     # the Answerer reads reports 1 and 3 only, in the selected order
     answer_prompt = next(p for r, p in log if r == "answerer")
     assert "Report 1: R(A)\nReport 2: R(C)\n\nQuestion:" in answer_prompt and "R(B)" not in answer_prompt
-    # the H-MAS Searcher prompt names the subtask and the original question
+    # the H-MAS Searcher gets its subtask where and how a C-MAS Searcher gets the question
     first_searcher = next(p for r, p in log if r == "searcher")
-    assert "Your task: A\nIt is part of the question: Where was band 0 formed?" in first_searcher
+    assert "Question: A<|im_end|>" in first_searcher and "band 0" not in first_searcher
+    assert rec.calls[1].segments[0].token_ids == prompts.render_searcher_prompt(tokenizer, "A")
     for call in rec.calls:
         check_call_layout(call, tokenizer)
     assert rec.calls[1].step == 2 and rec.calls[4].step == 5
@@ -99,7 +100,9 @@ def test_step_limit_forces_searchers_then_the_leader(tokenizer):
     assert rec.steps == 6
     limits = [(e.step, e.call_id, e.text) for e in rec.events_of("limit")]
     assert limits == [(4, "s0.0", "step"), (4, "s0.1", "step"), (5, "l0", "step")]
-    assert rec.search_actions == 4 and all(c.invalid for c in rec.calls_of("searcher"))
+    # 4 searches run, and the 2 forced turns' searches count too (not run, no passages)
+    assert rec.search_actions == 6 and rec.returned_passages == 4 * 3
+    assert all(c.invalid for c in rec.calls_of("searcher"))
     leader_last = [p for r, p in log if r == "leader"][-1]
     assert f"Report 2 (task: Y):\n{prompts.EMPTY_REPORT}" in leader_last
     assert prompts.FORCE_SELECT in last_user(leader_last)
@@ -114,12 +117,31 @@ def test_steps_never_exceed_the_limit(tokenizer):
         assert rec.steps <= max_steps and len(rec.candidates) == 1, max_steps
 
 
-def test_too_many_subtasks_are_dropped(tokenizer):
+def test_no_subtask_cap_by_default(tokenizer):
+    seven = "".join(f"<subtask>T{i}</subtask>" for i in range(7))
+    (rec,), *_ = run_scripted(tokenizer, policy([seven, "<select>1</select>"]), workflow="hmas")
+    assert [c.parent for c in rec.calls_of("searcher")] == [f"T{i}" for i in range(7)]
+    assert rec.events_of("dropped_subtask") == []
+
+
+def test_subtasks_beyond_a_cap_are_dropped_and_each_recorded(tokenizer):
+    from mopd.algo.diagnostics import batch_diagnostics
+
     five = "".join(f"<subtask>T{i}</subtask>" for i in range(5))
     (rec,), *_ = run_scripted(tokenizer, policy([five, "<select>1</select>"]), workflow="hmas",
                               max_searchers_per_wave=3)
     assert [c.parent for c in rec.calls_of("searcher")] == ["T0", "T1", "T2"]
-    assert ("limit", "wave") in kinds(rec) and len(rec.events_of("subtask")) == 3
+    assert len(rec.events_of("subtask")) == 3
+    assert [(e.call_id, e.text) for e in rec.events_of("dropped_subtask")] == [("l0", "T3"), ("l0", "T4")]
+    assert batch_diagnostics([rec, rec])["dropped_subtasks_per_workflow"] == 2.0
+
+
+def test_opt_in_template_shows_the_question(tokenizer):
+    log = []
+    run_scripted(tokenizer, policy(["<subtask>A</subtask>", "<select>1</select>"], log=log), workflow="hmas",
+                 searcher_sees_question=True)
+    first_searcher = next(p for r, p in log if r == "searcher")
+    assert "Your task: A\nIt is part of the question: Where was band 0 formed?" in first_searcher
 
 
 def test_invalid_leader_outputs_are_re_asked(tokenizer):

@@ -2,8 +2,8 @@
 
 import torch
 
+from mopd.core.generation import GenerationRequest, SamplingParams
 from mopd.rollout.chat import continuation_ids
-from mopd.rollout.engine import GenerationRequest, SamplingParams
 from mopd.rollout.hf_engine import HFEngine
 from mopd.rollout.prefix_store import PrefixStore
 from mopd.rollout.prompts import render_searcher_prompt

@@ -45,7 +45,8 @@ def test_role_prompts_hold_their_inputs(tokenizer):
         return tokenizer.decode(ids)
 
     assert "Question: Q1?" in text(prompts.render_searcher_prompt(tokenizer, "Q1?"))
-    h = text(prompts.render_searcher_prompt(tokenizer, "Q1?", subtask="find X", force_report=True))
+    h = text(prompts.render_searcher_prompt(tokenizer, "Q1?", subtask="find X", force_report=True,
+                                            show_question=True))
     assert "Your task: find X\nIt is part of the question: Q1?" in h and prompts.FORCE_REPORT in h
     assert prompts.LEADER_SYSTEM in text(prompts.render_leader_prompt(tokenizer, "Q2?"))
     a = text(prompts.render_answerer_prompt(tokenizer, "Q3?", ["r one", "", "r three"]))
@@ -80,3 +81,16 @@ def test_role_of_reads_the_system_prompt(tokenizer):
     assert prompts.role_of(tokenizer.decode(prompts.render_searcher_prompt(tokenizer, "Q", "s"))) == "searcher"
     assert prompts.role_of(tokenizer.decode(prompts.render_answerer_prompt(tokenizer, "Q", []))) == "answerer"
     assert prompts.role_of("no system prompt") is None
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_an_hmas_searcher_sees_its_subtask_as_a_cmas_searcher_sees_its_question(tokenizer, force):
+    """The paper's one Searcher interface: the same ids as a C-MAS Searcher whose question is the
+    subtask, and nothing of the whole question (unless the opt-in template is asked for)."""
+    hmas = prompts.render_searcher_prompt(tokenizer, "Where was the band Zeta formed?", subtask="find Zeta",
+                                          force_report=force)
+    assert hmas == prompts.render_searcher_prompt(tokenizer, "find Zeta", force_report=force)
+    assert "band Zeta formed" not in tokenizer.decode(hmas)
+    opt_in = prompts.render_searcher_prompt(tokenizer, "Where was the band Zeta formed?", subtask="find Zeta",
+                                            force_report=force, show_question=True)
+    assert opt_in != hmas and "band Zeta formed" in tokenizer.decode(opt_in)

@@ -86,7 +86,7 @@ def test_seeds_depend_on_the_call_not_the_batch(tokenizer):
 
 
 def test_scripted_completions_look_sampled(tokenizer):
-    from mopd.rollout.engine import SamplingParams
+    from mopd.core.generation import SamplingParams
     from mopd.rollout.scripted_engine import completion_from_text
 
     eos = tokenizer.eos_token_id

@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import FakeRetriever, tiny_overrides  # noqa: E402
+
 from mopd.config import resolve  # noqa: E402
 from mopd.train.trainer import PolicyTrainer  # noqa: E402
 

@@ -1,7 +1,6 @@
 import random
 
 import pytest
-import torch
 
 from mopd.train.packing import build_packed_batch, pack_sequences, padding_fraction
 

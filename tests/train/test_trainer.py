@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-
 from fakes import FakeRetriever, tiny_overrides
+
 from mopd.config import resolve
 from mopd.train.trainer import PolicyTrainer, TrainingError
 
@@ -44,9 +44,10 @@ def test_stage2_step_with_teacher(tiny_model_dir, qa_file, tmp_path):
 
 
 def test_teacher_logprobs_equal_direct_forward(tiny_model_dir):
+    from transformers import AutoTokenizer
+
     from mopd.train.packing import build_packed_batch
     from mopd.train.teacher import Teacher
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     teacher = Teacher(tiny_model_dir, student_tokenizer=tok, device=torch.device("cpu"))
@@ -66,7 +67,7 @@ def test_teacher_logprobs_equal_direct_forward(tiny_model_dir):
 
 
 def test_teacher_with_other_tokenizer_is_a_clear_error(tiny_model_dir, qa_file, tmp_path):
-    from mopd.rollout.tiny_model import init_tiny_model
+    from mopd.data.tiny_model import init_tiny_model
     from mopd.train.model import ModelLoadError
 
     other = init_tiny_model(tmp_path / "other", corpus_texts=["zebra quartz " * 50], vocab_size=300, hidden=32,

@@ -11,8 +11,8 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def world_tokenizer(world):
+    from mopd.data.tiny_model import default_corpus, train_tokenizer
     from mopd.data.warmstart import tokenizer_texts
-    from mopd.rollout.tiny_model import default_corpus, train_tokenizer
 
     return train_tokenizer(default_corpus() + tokenizer_texts(world.root), vocab_size=2048)
 

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
+from mopd.core.scoring import exact_match
 from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy
 from mopd.data.demo_reader import read_prompt
 from mopd.data.tinyworld import load_question_meta, load_split
 from mopd.data.warmstart import rollout_config
-from mopd.eval.scoring import exact_match
 from mopd.retriever import Passage
 from mopd.rollout import prompts
 from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher
@@ -34,11 +34,14 @@ def test_read_prompt_recovers_each_roles_state(world_tokenizer):
     tok = world_tokenizer
     docs = [Passage(id="1", title="Copper Lanterns", text="Copper Lanterns is a folk band formed in Ashford in 1990."),
             Passage(id="2", title="Varn (river)", text="The Varn is a river that flows through Ashford to the sea.")]
-    ids = prompts.render_searcher_prompt(tok, "Q?", "Find X.")
+    ids = prompts.render_searcher_prompt(tok, "Q?", "Find X.", show_question=True)
     ids += tok.encode("<search>Copper Lanterns</search>", add_special_tokens=False)
     ids += continuation_ids(tok, prompts.searcher_feedback(docs, force_report=True), after_eos=False)
     view = read_prompt(tok.decode(ids))
     assert (view.role, view.question, view.subtask, view.forced) == ("searcher", "Q?", "Find X.", True)
+    # by default an H-MAS Searcher sees its subtask as its question (one interface)
+    plain = read_prompt(tok.decode(prompts.render_searcher_prompt(tok, "Q?", "Find X.")))
+    assert (plain.role, plain.question, plain.subtask) == ("searcher", "Find X.", None)
     assert [d.title for d in view.docs] == ["Copper Lanterns", "Varn (river)"]
     assert view.docs[0].first_sentence == docs[0].text and view.outputs == ["<search>Copper Lanterns</search>"]
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from mopd.data.qa import load_flashrag
+from mopd.core.qa import load_flashrag
 from mopd.data.tinyworld import (
     WorldSettings,
     build_world,

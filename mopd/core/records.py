@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional
 
+from mopd.core.roles import ROLES
+
 SCHEMA_VERSION = 1
 
-ROLES = ("leader", "searcher", "answerer")
-EVENT_KINDS = ("search", "report", "subtask", "select", "answer", "invalid", "limit")
+EVENT_KINDS = ("search", "report", "subtask", "dropped_subtask", "select", "answer", "invalid", "limit")
 
 
 class RecordError(ValueError):
@@ -125,14 +126,16 @@ class Event:
     """Something the environment observed: a search, a report, a subtask, ..."""
 
     kind: str
-    """search | report | subtask | select | answer | invalid | limit."""
+    """search | report | subtask | dropped_subtask | select | answer | invalid | limit."""
     step: int
     call_id: str = ""
     text: str = ""
-    """search: the query; report: the report; subtask: its text; answer: the full candidate output;
+    """search: the query; report: the report; subtask: its text; dropped_subtask: the text of a
+    subtask beyond rollout.max_searchers_per_wave (never run); answer: the full candidate output;
     invalid: the offending output; limit: what limit was hit."""
     passages: List[Passage] = field(default_factory=list)
-    """search: the passages returned."""
+    """search: the passages returned (none when the search was not run: a query in an invalid
+    output or on the forced-report turn still counts as a search action, as in the paper)."""
     selection: List[int] = field(default_factory=list)
     """select: the 1-based report indices the Leader chose."""
 
@@ -150,6 +153,11 @@ class WorkflowRecord:
     question: str
     answers: List[str]
     attempt: int = 0
+    group_id: str = ""
+    """The sampled prompt this run belongs to (verl stamps a uid): the G runs sampled for one
+    question in one step share it, and role rewards are normalised within it. Two copies of one
+    question in a step (across an epoch boundary) get two ids, so they form two groups. Empty in
+    records written before it existed; the question is the group then."""
     method: str = ""
     workflow: str = "cmas"
     calls: List[AgentCall] = field(default_factory=list)
