@@ -1,0 +1,252 @@
+"""A run directory knows which run it holds, so two runs are never mixed in one.
+
+The first start writes ``<out_dir>/run.json``: the resolved config (flattened to dotted keys) and
+fingerprints of the model, the teacher and the data (resolved path plus a sampled hash of the
+weights or the file, :mod:`mopd.core.fingerprint`). Then:
+
+- a start without ``--resume`` refuses a directory that already holds a run (``run.json``,
+  checkpoints, metrics or events); ``--overwrite`` moves that run's files aside to
+  ``<out_dir>.replaced-<time>/`` first;
+- ``--resume`` compares the new identity with the recorded one and refuses any difference, listing
+  each as ``key: old -> new``; ``--allow-changed KEY ...`` accepts deliberate ones (a key, or a
+  section such as ``trainer``), and they are recorded in ``run.json``'s ``changes``. Keys that
+  cannot change what is trained (logging, the directory itself) are never compared.
+
+A directory with checkpoints but no ``run.json`` (written before run files existed) is compared
+through its ``config.yaml`` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mopd.core.fingerprint import data_fingerprint, model_fingerprint
+
+RUN_FILE = "run.json"
+RUN_ENTRIES = ("run.json", "config.yaml", "metrics.jsonl", "events.jsonl", "checkpoints", "training.png", "tb",
+               "wandb")
+"""What a training run writes into its directory (what ``--overwrite`` moves aside)."""
+NEVER_COMPARED = ("description", "trainer.out_dir", "trainer.tensorboard", "trainer.wandb_project", "trainer.cpu_threads",
+                  "trainer.log_every")
+DEFAULT_OUT_DIR = "runs/default"
+
+
+class RunDirError(ValueError):
+    """The run directory holds another run, or a resume would change what the run is."""
+
+
+@dataclass
+class RunStart:
+    """What :func:`prepare_run_dir` did: lines for events.jsonl, where an old run went."""
+
+    events: list = field(default_factory=list)
+    moved_to: Path | None = None
+    changes: dict = field(default_factory=dict)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}} -> {"a.b": 1}`` (lists are kept as values)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def run_identity(cfg) -> dict:
+    """The resolved config and the fingerprints that say what this run trains."""
+    from mopd.config import to_dict
+
+    conf = flatten(to_dict(cfg))
+    ident = {"config": conf, "model": model_fingerprint(cfg.model.path)}
+    teacher = conf.get("teacher.path") or ""
+    ident["teacher"] = model_fingerprint(teacher) if teacher else None
+    ident["data"] = {"train": data_fingerprint(conf.get("data.train") or ""),
+                     "dev": data_fingerprint(conf.get("data.dev") or "")}
+    return ident
+
+
+def _comparable(ident: dict) -> dict:
+    """One flat dict of everything compared on resume."""
+    out = {k: v for k, v in ident.get("config", {}).items() if k not in NEVER_COMPARED}
+    for name in ("model", "teacher"):
+        fp = ident.get(name)
+        if fp:
+            out[f"{name}.resolved_path"] = fp.get("path")
+            out[f"{name}.weights"] = fp.get("weights")
+    for split, fp in (ident.get("data") or {}).items():
+        if fp:
+            out[f"data.{split}.resolved_path"] = fp.get("path")
+            out[f"data.{split}.content"] = fp.get("content")
+    return out
+
+
+def _allowed(key: str, allow: Iterable[str]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allow)
+
+
+def identity_differences(old: dict, new: dict, allow: Sequence[str] = (), config_only: bool = False
+                         ) -> tuple[dict, dict]:
+    """``(refused, accepted)``: ``{key: (old, new)}`` of every compared key that differs, split by
+    whether ``allow`` names it (a key or a section prefix). ``config_only``: ``old`` is a run from
+    before run.json, of which only the config is known."""
+    a, b = _comparable(old), _comparable(new)
+    if config_only:
+        b = {k: v for k, v in b.items() if k in a}
+    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    refused = {k: v for k, v in diff.items() if not _allowed(k, allow)}
+    return refused, {k: v for k, v in diff.items() if k not in refused}
+
+
+def _short(v) -> str:
+    s = json.dumps(v) if not isinstance(v, str) else v
+    return s if len(s) <= 60 else s[:28] + "..." + s[-28:]
+
+
+IDENTITY_FIRST = ("method", "model.", "teacher.", "data.")
+
+
+def describe(diff: dict, most: int = 12) -> str:
+    """``key: old -> new; ...``, what names the run (method, model, teacher, data) first."""
+    keys = sorted(diff, key=lambda k: (not k.startswith(IDENTITY_FIRST), k))
+    text = "; ".join(f"{k}: {_short(diff[k][0])} -> {_short(diff[k][1])}" for k in keys[:most])
+    return text + (f"; and {len(keys) - most} more ({', '.join(keys[most:])})" if len(keys) > most else "")
+
+
+def present_entries(out_dir: Path) -> list:
+    """The run files found in ``out_dir`` (empty files and empty checkpoint folders do not count)."""
+    found = []
+    for name in RUN_ENTRIES:
+        p = out_dir / name
+        if p.is_file() and p.stat().st_size > 0:
+            found.append(name)
+        elif p.is_dir() and any(p.iterdir()):
+            found.append(name + "/")
+    return found
+
+
+def recorded_identity(out_dir: Path) -> dict | None:
+    """``run.json``'s identity, or for an older run a config-only identity from ``config.yaml``."""
+    f = out_dir / RUN_FILE
+    if f.is_file():
+        try:
+            return json.loads(f.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise RunDirError(f"{f} is not valid JSON ({e}); move it away to start afresh") from None
+    y = out_dir / "config.yaml"
+    if y.is_file():
+        from omegaconf import OmegaConf
+
+        try:
+            conf = OmegaConf.to_container(OmegaConf.load(y))
+        except Exception as e:  # noqa: BLE001 (yaml or omegaconf errors: say so, do not compare with nothing)
+            raise RunDirError(f"{y} cannot be read ({type(e).__name__}); move it away to start afresh") from None
+        if isinstance(conf, dict):
+            return {"legacy": True, "config_only": flatten(conf)}
+    return None
+
+
+def move_aside(out_dir: Path, now: float | None = None) -> Path:
+    """Move the run files of ``out_dir`` into a new sibling ``<out_dir>.replaced-<time>[-n]``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    dest = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}")
+    n = 1
+    while dest.exists():
+        dest = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}-{n}")
+        n += 1
+    dest.mkdir(parents=True)
+    for name in RUN_ENTRIES:
+        if (out_dir / name).exists():
+            shutil.move(str(out_dir / name), str(dest / name))
+    return dest
+
+
+def write_identity(out_dir: Path, ident: dict, changes: list | None = None) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = dict(ident, changes=changes or [])
+    tmp = out_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, out_dir / RUN_FILE)
+
+
+def prepare_run_dir(cfg, *, resume: bool, overwrite: bool = False, allow_changed: Sequence[str] = (),
+                    now: float | None = None) -> RunStart:
+    """Check ``cfg.trainer.out_dir`` against this start and record the run (rank 0 only).
+
+    Raises :class:`RunDirError` (one line) when the directory holds another run."""
+    out_dir = Path(cfg.trainer.out_dir)
+    start = RunStart()
+    ident = run_identity(cfg)
+    if resume and overwrite:
+        raise RunDirError("--resume continues the run in trainer.out_dir and --overwrite replaces it: choose one")
+    found = present_entries(out_dir) if out_dir.is_dir() else []
+    if not resume:
+        if found and not overwrite:
+            raise RunDirError(f"{out_dir} already holds a run ({', '.join(found)}): continue it with --resume, "
+                              "replace it with --overwrite (the old run is moved aside), or set another "
+                              "trainer.out_dir")
+        if found:
+            start.moved_to = move_aside(out_dir, now)
+            start.events.append(f"--overwrite: the previous run in {out_dir} was moved to {start.moved_to}")
+        write_identity(out_dir, ident)
+        return start
+    old = recorded_identity(out_dir) if found else None
+    history: list = []
+    if old is not None:
+        legacy = bool(old.get("legacy"))
+        old_ident = {"config": old["config_only"]} if legacy else old
+        refused, accepted = identity_differences(old_ident, ident, allow_changed, config_only=legacy)
+        if refused:
+            raise RunDirError(f"--resume would change the run in {out_dir}: {describe(refused)}. Resume with the "
+                              "run's own settings, accept deliberate changes with --allow-changed KEY..., or "
+                              "start a new trainer.out_dir")
+        history = list(old.get("changes", []))
+        if accepted:
+            start.changes = accepted
+            history.append({"time": now if now is not None else time.time(),
+                            "changed": {k: list(v) for k, v in accepted.items()}})
+            start.events.append(f"--allow-changed: {describe(accepted)}")
+        if old.get("legacy"):
+            start.events.append(f"{out_dir} had no {RUN_FILE}; compared with its config.yaml and recorded it")
+    write_identity(out_dir, ident, history)
+    return start
+
+
+def default_out_dir(cfg, preset: str | None) -> bool:
+    """Give a run left at the generic ``runs/default`` the preset's name (``runs/<preset>``);
+    returns whether it did."""
+    if preset and cfg.trainer.out_dir == DEFAULT_OUT_DIR:
+        cfg.trainer.out_dir = f"runs/{preset}"
+        return True
+    return False
+
+
+def truncate_metrics(path: Path, step: int | None) -> int:
+    """Drop ``metrics.jsonl`` lines of steps after ``step`` (all of them for ``None``: a resume with
+    no checkpoint starts again at step 0); returns how many were dropped. Lines that are not JSON
+    (a kill mid-write) are dropped too."""
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            ok = step is not None and int(json.loads(line).get("step", 0)) <= step
+        except (ValueError, TypeError, AttributeError):
+            ok = False
+        if ok:
+            keep.append(line)
+        else:
+            dropped += bool(line.strip())
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+    os.replace(tmp, path)
+    return dropped
