@@ -1,0 +1,76 @@
+"""Checks a training config's inputs before anything heavy loads, each failing as one clear line.
+
+Loading a 4B model takes minutes; an empty training set, a mistyped model path or a retrieval
+server that is not running should not be discovered after that (or, for the server, never: a
+policy that stops searching would train on without noticing that retrieval is down).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PreflightError(ValueError):
+    """An input of the run is missing or unusable (the message names it)."""
+
+
+def check_model_path(key: str, path: str) -> None:
+    """``path`` must be a local model directory or look like a Hugging Face Hub id (``org/name``)."""
+    if not path or not path.strip():
+        raise PreflightError(f"{key} is empty: set {key}=DIR (a Hugging Face model directory, e.g. runs/quick/pi0) "
+                             "or a Hub id such as Qwen/Qwen3-4B-Instruct-2507")
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise PreflightError(f"{key}={path} is a file; it must be a model directory (config.json, weights)")
+        if not (p / "config.json").is_file():
+            raise PreflightError(f"{key}={path} is not a model directory (no config.json)")
+        return
+    parts = path.split("/")
+    hub_like = len(parts) == 2 and all(parts) and not path.startswith((".", "~")) and not Path(parts[0]).is_dir()
+    if not hub_like:
+        raise PreflightError(f"{key}={path} does not exist")
+
+
+def check_questions(key: str, path: str, skip_malformed: bool = False) -> int:
+    """The dataset must load, be UTF-8 and hold at least one question; returns how many."""
+    from mopd.core.qa import DataError, load_questions
+
+    if not path:
+        raise PreflightError(f"{key} is empty: set {key}=FILE (FlashRAG .jsonl or Search-R1 .parquet)")
+    try:
+        questions, _ = load_questions(path, skip_malformed=skip_malformed)
+    except UnicodeDecodeError as e:
+        raise PreflightError(f"{key}={path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except DataError as e:
+        raise PreflightError(str(e)) from None
+    if not questions:
+        raise PreflightError(f"{key}={path} holds no questions")
+    return len(questions)
+
+
+def check_retriever(cfg) -> None:
+    """An HTTP retriever must answer /health now (one quick try, not the client's full backoff);
+    an in-process index directory must exist."""
+    if cfg.kind != "http":
+        if cfg.index and not Path(cfg.index).expanduser().is_dir():
+            raise PreflightError(f"retriever.index={cfg.index} is not a directory (build one with "
+                                 "`mopd retriever build-index`)")
+        return
+    from mopd.retriever import HttpRetriever, RetrieverUnavailable
+
+    try:
+        HttpRetriever(cfg.url, timeout_s=min(cfg.timeout_s, 10.0), retries=1, backoff_s=0.5).health()
+    except RetrieverUnavailable as e:
+        raise PreflightError(f"retriever.url: {e}") from None
+
+
+def check_training_inputs(cfg) -> None:
+    """Everything above for a training config (model, teacher, train and dev data, retriever)."""
+    check_model_path("model.path", cfg.model.path)
+    if cfg.teacher_roles():
+        check_model_path("teacher.path", cfg.teacher.path)
+    check_questions("data.train", cfg.data.train, cfg.data.skip_malformed)
+    if cfg.data.dev:
+        check_questions("data.dev", cfg.data.dev, cfg.data.skip_malformed)
+    check_retriever(cfg.retriever)
