@@ -1,0 +1,128 @@
+"""Engine fronts: agent turns go to the engine one request at a time, from any run, and the engine
+works on whatever is pending (continuous batching across workflows).
+
+A front has ``submit(request) -> concurrent.futures.Future`` (the request's ``params.n``
+completions) and ``close()``. One worker thread owns the engine, so the engine is never called
+from two threads, and the event loop of :mod:`mopd.rollout.async_scheduler` keeps running the
+other workflows (and their retrieval) while the engine computes.
+
+- :class:`BatchingFront`, for engines with a synchronous ``generate`` (HF, scripted): each
+  iteration takes every pending request, oldest first, up to ``max_batch_calls`` sampled
+  sequences, runs one ``generate`` over them and resolves their futures; what is submitted
+  meanwhile makes the next batch. On the HF engine a row samples the same tokens in any batch
+  (per-row seeded streams, :mod:`mopd.rollout.sampling`), so batching does not change records.
+- :class:`mopd.rollout.vllm_async_engine.VLLMStepFront`, for the vLLM engine: requests join
+  vLLM's running batch between engine steps and leave it the step they finish.
+
+:func:`engine_front` picks the front for an engine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Deque, List, Optional, Protocol, Tuple
+
+from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.rollout.rollout_stats import BusyMeter
+
+
+class EngineFront(Protocol):
+    meter: BusyMeter
+
+    def submit(self, request: GenerationRequest) -> "Future[List[Completion]]":
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class FrontClosed(RuntimeError):
+    """A request was submitted to (or left pending in) a front that was closed."""
+
+
+class BatchingFront:
+    """Continuous batching for a synchronous engine: every ``generate`` call takes all that is pending."""
+
+    def __init__(self, engine, *, max_batch_calls: int = 256, name: str = "mopd-engine"):
+        if max_batch_calls < 1:
+            raise ValueError(f"max_batch_calls={max_batch_calls} must be >= 1")
+        self.engine = engine
+        self.max_batch_calls = max_batch_calls
+        self.meter = BusyMeter()
+        self._pending: Deque[Tuple[GenerationRequest, Future, float]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest) -> "Future[List[Completion]]":
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise FrontClosed("the engine front is closed")
+            self._pending.append((request, fut, time.perf_counter()))
+            self._cv.notify()
+        return fut
+
+    def _take(self) -> Optional[List[Tuple[GenerationRequest, Future, float]]]:
+        """The next batch (oldest first, cut at max_batch_calls rows; one oversized request goes
+        alone); None once closed."""
+        with self._cv:
+            while True:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return None
+                batch, rows, cap = [], 0, self.max_batch_calls
+                while self._pending and (not batch or rows + self._pending[0][0].params.n <= cap):
+                    item = self._pending.popleft()
+                    if item[1].set_running_or_notify_cancel():  # False: its waiter went away
+                        batch.append(item)
+                        rows += item[0].params.n
+                if batch:
+                    return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            start = time.perf_counter()
+            try:
+                outputs = self.engine.generate([r for r, _, _ in batch])
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"the engine returned {len(outputs)} results for {len(batch)} "
+                                       "requests")
+            except BaseException as e:  # every waiter gets the error; the front goes on
+                for _, fut, _ in batch:
+                    fut.set_exception(e)
+                continue
+            end = time.perf_counter()
+            self.meter.work(end - start, sum(r.params.n for r, _, _ in batch))
+            for (_, fut, submitted), out in zip(batch, outputs):
+                self.meter.wait(end - submitted)
+                fut.set_result(out)
+
+    def close(self) -> None:
+        """Fail what is still pending, let the batch in progress finish, and join the worker."""
+        with self._cv:
+            self._closed = True
+            pending, self._pending = list(self._pending), deque()
+            self._cv.notify_all()
+        for _, fut, _ in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(FrontClosed("the rollout ended before this request ran"))
+        self._thread.join()
+
+
+def engine_front(engine, *, max_batch_calls: int = 256) -> EngineFront:
+    """The front for ``engine``: vLLM's step-level continuous batching for a
+    :class:`~mopd.rollout.vllm_engine.VLLMEngine`, the batching fallback for anything else."""
+    if getattr(engine, "llm", None) is not None and hasattr(engine.llm, "llm_engine"):
+        from mopd.rollout.vllm_async_engine import VLLMStepFront
+
+        return VLLMStepFront(engine)
+    return BatchingFront(engine, max_batch_calls=max_batch_calls)

@@ -1,0 +1,145 @@
+"""Asynchronous turn-level scheduling: every workflow run advances as soon as its own turns and
+searches are done, while the engine batches whatever turns are pending across all runs.
+
+Each run is a coroutine around the run's own state machine (``begin_step`` / ``searches`` /
+``end_step``, the same one the lock-step :mod:`mopd.rollout.scheduler` drives):
+
+    turns = run.begin_step()        # e.g. a Leader turn, a wave's Searcher turns, Answerer candidates
+    await every turn's completions  # submitted to the engine front at once
+    deliver them in turn order
+    await every search's passages   # submitted to the retrieval front at once
+    deliver them in order; run.end_step()
+
+Runs never wait for each other: a run whose Searcher reported starts its Answerer while another
+run's Searcher is still decoding, and retrieval overlaps generation. Within a run the step
+structure is the record's (an H-MAS wave moves one step at a time, as its step and round limits
+count), so the records are the lock-step scheduler's: same prompts, segments, events and steps.
+Sampling is seeded per request from (seed, question, attempt, call, turn)
+(:meth:`RunContext.params`), and the HF and scripted engines sample a request the same way in any
+batch; only ``duration_s`` differs.
+
+A search that raises or times out ends its run with a ``limit`` event whose text starts with
+``retrieval:`` (the record scores as a run without an answer) and counts in
+``RolloutStats.failed_runs``; the other runs go on. An engine error fails the whole rollout.
+Cancelling (Ctrl-C, or cancelling the caller) cancels every run, fails pending requests, lets the
+engine batch in progress finish and joins the worker threads before the exception propagates.
+
+Entry point: :func:`run_workflows_async`, with ``run_workflows``'s signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import List, Optional
+
+from mopd.core.records import WorkflowRecord
+from mopd.rollout.async_engine import engine_front
+from mopd.rollout.async_retrieval import RetrievalFront
+from mopd.rollout.rollout_stats import RolloutStats
+from mopd.rollout.run_state import WorkflowSettings
+from mopd.rollout.scheduler import new_runs
+
+RETRIEVAL_EVENT = "retrieval"
+"""Text prefix of the ``limit`` event that ends a run whose search failed."""
+
+
+class RolloutRecords(list):
+    """The records, in question order with attempts in order, and ``stats`` (a RolloutStats)."""
+
+    stats: Optional[RolloutStats] = None
+
+
+async def _await_all(futures):
+    waits = [asyncio.wrap_future(f) for f in futures]
+    try:
+        return await asyncio.gather(*waits)
+    finally:
+        for w in waits:
+            w.cancel()  # a no-op on finished ones; drops the rest from the fronts' queues
+
+
+async def drive_run(run, engine, retrieval) -> bool:
+    """Advance one run to its end; False when a search failed and ended it."""
+    while not run.done:
+        turns = run.begin_step()
+        outputs = await _await_all([engine.submit(t.request) for t in turns])
+        for turn, completions in zip(turns, outputs, strict=True):
+            turn.deliver(completions)
+        needs = run.searches()
+        if needs:
+            try:
+                results = await _await_all([retrieval.submit(n.query) for n in needs])
+            except Exception as e:
+                reason = f"timed out ({e})" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+                run.ctx.event("limit", text=f"{RETRIEVAL_EVENT}: {reason}")
+                run.ctx.finish()
+                run.done = True
+                return False
+            for need, passages in zip(needs, results, strict=True):
+                need.deliver(passages)
+        run.end_step()
+    return True
+
+
+async def drive_runs(runs, engine, retrieval, *, max_active_runs: Optional[int] = None, progress=None) -> int:
+    """Drive every run concurrently (at most ``max_active_runs`` at once); the number that failed."""
+    gate = asyncio.Semaphore(max_active_runs or max(1, len(runs)))
+    failed = 0
+
+    async def one(run):
+        nonlocal failed
+        async with gate:
+            ok = await drive_run(run, engine, retrieval)
+        failed += not ok
+        if progress is not None:
+            progress.update(1)
+
+    tasks = [asyncio.ensure_future(one(run)) for run in runs]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION) if tasks else (set(), set())
+        for task in tasks:  # the first error (in run order) fails the rollout
+            if task in done and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+    finally:  # an error, or the caller's cancellation: no run outlives the rollout
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return failed
+
+
+def run_workflows_async(engine, retriever, tokenizer, questions, settings: WorkflowSettings, *, attempts: int,
+                        method: str = "", progress: bool = True, max_active_runs: Optional[int] = None,
+                        retrieval_timeout_s: Optional[float] = None, retrieval_workers: int = 1
+                        ) -> List[WorkflowRecord]:
+    """Run ``attempts`` workflows of ``settings.workflow`` on every question, asynchronously; a
+    :class:`RolloutRecords` list (records question by question, attempts in order) whose ``stats``
+    says how the time went. Same arguments as :func:`mopd.rollout.scheduler.run_workflows`, plus:
+
+    ``retrieval_timeout_s``: a search call not answered by then fails its runs (default: wait);
+    ``retrieval_workers``: search calls in flight at once (1 for an in-process index, a few for an
+    HTTP server).
+    """
+    runs = new_runs(questions, attempts, tokenizer, settings, method)
+    engine.reset_prefix_cache()  # cached prefixes may predate the weights
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
+    front = engine_front(engine, max_batch_calls=settings.max_batch_calls)
+    searches = RetrievalFront(retriever, settings.topk, workers=retrieval_workers,
+                              timeout_s=retrieval_timeout_s)
+    start = time.perf_counter()
+    try:
+        failed = asyncio.run(drive_runs(runs, front, searches, max_active_runs=max_active_runs, progress=bar))
+    finally:
+        wall = time.perf_counter() - start
+        front.close()
+        searches.close()
+        if bar is not None:
+            bar.close()
+        engine.reset_prefix_cache()
+    records = RolloutRecords(r.ctx.record for r in runs)
+    records.stats = RolloutStats.collect(wall, front.meter, searches.meter, records, failed)
+    return records

@@ -1,0 +1,142 @@
+"""Continuous batching on the colocated vLLM engine: requests join the running batch between engine
+steps and leave it the step they finish.
+
+:class:`VLLMStepFront` drives the V1 ``LLMEngine`` inside a :class:`~mopd.rollout.vllm_engine.VLLMEngine`
+(the engine core stays in this process, so ``load_weights`` and sleep/wake keep working between
+rollouts) from one worker thread:
+
+1. every newly submitted request is added to the engine (``LLM.enqueue`` on vLLM >= 0.12, which
+   renders token prompts and marks the request final-output-only; ``LLMEngine.add_request`` with
+   a ``{"prompt_token_ids": ...}`` prompt before it);
+2. one ``LLMEngine.step()`` runs: vLLM's scheduler decodes every running sequence and prefills the
+   new ones (chunked), reusing cached prefix blocks, so a Searcher's next turn prefills only its new
+   tokens while its earlier turns' blocks are still cached;
+3. each request that finished resolves its future (n > 1: vLLM returns the parent request's n
+   samples together, in sample order).
+
+A run's next turn is submitted as soon as its completions (and searches) are in, so it enters the
+batch at the next step instead of waiting for the slowest sequence of a lock-step batch.
+
+Sampling: the request's seed goes to vLLM as a per-request seed, so a request samples the same
+tokens whatever it shares a step with, up to vLLM's batch-dependent kernels (exact only with
+vLLM's batch-invariant mode); the HF engine is the bit-exact reference.
+
+vLLM is imported by the ``VLLMEngine`` that is wrapped, never here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import Future
+from typing import Dict, List, Tuple
+
+from mopd.rollout.async_engine import FrontClosed
+from mopd.rollout.engine import GenerationRequest
+from mopd.rollout.rollout_stats import BusyMeter
+from mopd.rollout.vllm_engine import completion_from_output
+
+
+class VLLMStepFront:
+    def __init__(self, engine, *, name: str = "mopd-vllm"):
+        self.engine = engine
+        self.llm = engine.llm
+        self.tokenizer = engine.tokenizer
+        self.meter = BusyMeter()
+        self._ids = itertools.count()
+        self._pending: List[Tuple[GenerationRequest, Future, float]] = []
+        self._running: Dict[str, Tuple[Future, float, int]] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest) -> Future:
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise FrontClosed("the engine front is closed")
+            self._pending.append((request, fut, time.perf_counter()))
+            self._cv.notify()
+        return fut
+
+    def _add(self, request: GenerationRequest) -> str:
+        params = self.engine._params(request.params)
+        prompt = {"prompt_token_ids": list(request.prompt_ids)}
+        if hasattr(self.llm, "enqueue"):
+            return self.llm.enqueue([prompt], [params], use_tqdm=False)[0]
+        from vllm.sampling_params import RequestOutputKind
+
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = f"mopd-{next(self._ids)}"
+        self.llm.llm_engine.add_request(request_id, prompt, params)
+        return request_id
+
+    def _admit(self) -> bool:
+        """Move pending requests into the engine; False once closed."""
+        with self._cv:
+            while not self._pending and not self._running and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return False
+            new, self._pending = self._pending, []
+        for request, fut, submitted in new:
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                self._running[self._add(request)] = (fut, submitted, request.params.n)
+            except BaseException as e:
+                fut.set_exception(e)
+        return True
+
+    def _loop(self) -> None:
+        engine = self.llm.llm_engine
+        try:
+            while self._admit():
+                if not self._running:
+                    continue
+                rows = sum(n for _, _, n in self._running.values())
+                start = time.perf_counter()
+                try:
+                    outputs = engine.step()
+                except BaseException as e:
+                    self._fail_running(e)
+                    continue
+                end = time.perf_counter()
+                self.meter.work(end - start, rows)
+                for out in outputs:
+                    if not out.finished or out.request_id not in self._running:
+                        continue
+                    fut, submitted, _ = self._running.pop(out.request_id)
+                    self.meter.wait(end - submitted)
+                    try:
+                        fut.set_result([completion_from_output(o, self.tokenizer) for o in out.outputs])
+                    except BaseException as e:
+                        fut.set_exception(e)
+        finally:
+            self._abort_running()
+
+    def _fail_running(self, error: BaseException) -> None:
+        running, self._running = self._running, {}
+        for fut, _, _ in running.values():
+            fut.set_exception(error)
+
+    def _abort_running(self) -> None:
+        """Take unfinished requests out of the engine (it is reused after the rollout)."""
+        if self._running:
+            ids = list(self._running)
+            try:
+                self.llm.llm_engine.abort_request(ids)
+            finally:
+                self._fail_running(FrontClosed("the rollout ended before this request finished"))
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            pending, self._pending = self._pending, []
+            self._cv.notify_all()
+        for _, fut, _ in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(FrontClosed("the rollout ended before this request ran"))
+        self._thread.join()

@@ -1,0 +1,208 @@
+"""The asynchronous scheduler against the lock-step reference (scripted engine), failures, cancelling."""
+
+import _thread
+import asyncio
+import re
+import threading
+import time
+
+import pytest
+
+from mopd.rollout.async_engine import BatchingFront
+from mopd.rollout.async_retrieval import RetrievalFront
+from mopd.rollout.async_scheduler import drive_runs, run_workflows_async
+from mopd.rollout.run_state import WorkflowSettings
+from mopd.rollout.scheduler import new_run, run_workflows
+
+from .fakes import FakeRetriever, ScriptedEngine, role_of, turn_of
+from .helpers import questions
+
+
+def band(prompt):
+    """The band a prompt is about (questions are 'Where was band i formed?', subtasks 'band i part k')."""
+    return int(re.search(r"band (\d+)", prompt).group(1))
+
+
+def uneven(prompt, params):
+    """Runs of uneven length: band i's Searchers search i % 4 times (H-MAS: plus the subtask's
+    number), the Leader delegates i % 3 + 1 subtasks once, then selects; some outputs are invalid."""
+    role, turn, i = role_of(prompt), turn_of(prompt), band(prompt)
+    if role == "searcher":
+        part = re.search(r"part (\d+)", prompt)
+        extra = int(part.group(1)) if part else 0
+        if turn == 2 and i % 5 == 3:
+            return "no tags here"
+        if turn <= i % 4 + extra:
+            return f"<search>q{i}.{turn}.{extra}</search>"
+        return f"<report>band {i} found after {turn} turns</report>"
+    if role == "leader":
+        if turn == 1:
+            return "".join(f"<subtask>band {i} part {k}</subtask>" for k in range(i % 3 + 1))
+        return "<select>1</select>"
+    return [f"<answer>Town{i}.{j}</answer>" for j in range(params.n)]
+
+
+def settings_for(workflow, candidates=2):
+    return WorkflowSettings(workflow=workflow, max_steps=5 if workflow == "cmas" else 12, max_rounds=3,
+                            answer_candidates=candidates, seed=3)
+
+
+def comparable(records):
+    out = []
+    for r in records:
+        d = r.to_dict()
+        d.pop("duration_s")
+        out.append(d)
+    return out
+
+
+def lockstep(workflow, tokenizer, respond, n_questions, attempts, candidates=2):
+    engine = ScriptedEngine(tokenizer, respond)
+    return run_workflows(engine, FakeRetriever(), tokenizer, questions(n_questions),
+                         settings_for(workflow, candidates), attempts=attempts, method="m", progress=False)
+
+
+@pytest.mark.parametrize("workflow", ["cmas", "hmas"])
+def test_async_records_equal_lockstep_records(tokenizer, workflow):
+    ref = lockstep(workflow, tokenizer, uneven, 9, 2)
+    engine = ScriptedEngine(tokenizer, uneven)
+    got = run_workflows_async(engine, FakeRetriever(), tokenizer, questions(9), settings_for(workflow),
+                              attempts=2, method="m", progress=False)
+    assert comparable(got) == comparable(ref)
+    assert len({r.steps for r in got}) > 1  # the runs really had different lengths
+    stats = got.stats
+    assert stats.failed_runs == 0 and stats.engine_calls == len(engine.batches)
+    total = sum(c.output_tokens for r in got for c in r.calls)
+    assert sum(stats.tokens.values()) == total and stats.tokens["answerer"] > 0
+    assert stats.retrieval_queries == sum(r.search_actions for r in got) > 0
+    assert 0 < stats.busy_fraction <= 1
+
+
+def test_runs_do_not_wait_for_each_others_searches(tokenizer):
+    log = []
+
+    def respond(prompt, params):
+        log.append((band(prompt), role_of(prompt), turn_of(prompt)))
+        return uneven(prompt, params)
+
+    class Logged(SlowRetriever):
+        def search(self, queries, k):
+            out = super().search(queries, k)
+            log.append(("searched", tuple(queries)))
+            return out
+
+    slow = Logged(delay_for=lambda q: 0.3 if q.startswith("q3.") else 0.0)
+    recs = run_workflows_async(ScriptedEngine(tokenizer, respond), slow, tokenizer, questions(4),
+                               settings_for("cmas"), attempts=1, method="m", progress=False)
+    # Band 0 never searches: its Answerer runs while the first searches (band 3's is slow) are
+    # still out; lock-step would hold it until every search of step 1 returned.
+    first_search = next(i for i, e in enumerate(log) if e[0] == "searched")
+    assert log.index((0, "answerer", 1)) < first_search
+    assert comparable(recs) == comparable(lockstep("cmas", tokenizer, uneven, 4, 1))
+
+
+class SlowRetriever(FakeRetriever):
+    def __init__(self, delay_for):
+        super().__init__()
+        self.delay_for = delay_for
+
+    def search(self, queries, k):
+        time.sleep(max(self.delay_for(q) for q in queries))
+        return super().search(queries, k)
+
+
+class FailingRetriever(FakeRetriever):
+    """Raises for queries of band 2; hangs (until released) on queries of band 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def search(self, queries, k):
+        if any(q.startswith("q2.") for q in queries):
+            raise ConnectionError("server said no")
+        if any(q.startswith("q5.") for q in queries):
+            self.release.wait(10)
+        return super().search(queries, k)
+
+
+@pytest.mark.parametrize("workflow", ["cmas", "hmas"])
+def test_failed_or_hung_retrieval_ends_only_its_run(tokenizer, workflow):
+    ref = lockstep(workflow, tokenizer, uneven, 7, 1)
+    retriever = FailingRetriever()
+    try:
+        got = run_workflows_async(ScriptedEngine(tokenizer, uneven), retriever, tokenizer, questions(7),
+                                  settings_for(workflow), attempts=1, method="m", progress=False,
+                                  retrieval_timeout_s=0.3, retrieval_workers=2)
+    finally:
+        retriever.release.set()
+    assert got.stats.failed_runs == 2
+    for i, (r, want) in enumerate(zip(got, ref)):
+        limits = [e.text for e in r.events_of("limit")]
+        if i == 2:
+            assert limits[-1] == "retrieval: ConnectionError: server said no" and r.final_answer is None
+        elif i == 5:
+            assert limits[-1] == "retrieval: timed out (no answer within 0.3 s)" and r.final_answer is None
+        else:  # searched in the same batches as the failing queries, yet untouched
+            assert comparable([r]) == comparable([want])
+    for t in threading.enumerate():
+        if t.name.startswith("mopd-retrieval"):
+            t.join(5)
+    assert not [t for t in threading.enumerate() if t.name.startswith("mopd-")]
+
+
+def mopd_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("mopd-")]
+
+
+def test_ctrl_c_leaves_no_running_thread(tokenizer):
+    calls = []
+
+    def respond(prompt, params):
+        calls.append(1)
+        if len(calls) == 12:
+            _thread.interrupt_main()  # what Ctrl-C does: SIGINT to the main thread
+            time.sleep(0.2)
+        return uneven(prompt, params)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_workflows_async(ScriptedEngine(tokenizer, respond), SlowRetriever(lambda q: 0.01), tokenizer,
+                            questions(20), settings_for("hmas"), attempts=2, progress=False)
+    assert len(calls) < 200 and not mopd_threads()
+
+
+def test_cancelling_the_rollout_task_cancels_every_run(tokenizer):
+    settings = settings_for("cmas")
+    runs = [new_run("cmas", q, 0, tokenizer, settings) for q in questions(8)]
+    engine = BatchingFront(ScriptedEngine(tokenizer, uneven))
+    searches = RetrievalFront(SlowRetriever(lambda q: 0.05), 3)
+
+    async def main():
+        task = asyncio.create_task(drive_runs(runs, engine, searches))
+        await asyncio.sleep(0.08)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    try:
+        left = asyncio.run(main())
+    finally:
+        engine.close()
+        searches.close()
+    assert left == [] and not mopd_threads()
+    assert not all(r.done for r in runs)  # it really was cut short
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit(None)
+
+
+def test_engine_errors_fail_the_rollout(tokenizer):
+    def respond(prompt, params):
+        if role_of(prompt) == "answerer":
+            raise ValueError("engine broke")
+        return uneven(prompt, params)
+
+    with pytest.raises(ValueError, match="engine broke"):
+        run_workflows_async(ScriptedEngine(tokenizer, respond), FakeRetriever(), tokenizer, questions(3),
+                            settings_for("cmas"), attempts=1, progress=False)
+    assert not mopd_threads()
