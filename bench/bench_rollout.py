@@ -18,10 +18,10 @@ import time
 import pytest
 import torch
 
-from mopd.config import RolloutConfig
 from mopd.core.qa import QAExample
 from mopd.data.tiny_model import init_tiny_model
 from mopd.rollout.hf_engine import HFEngine
+from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
 
 QUESTIONS, ATTEMPTS, MAX_TOKENS = 16, 4, 32
@@ -46,10 +46,10 @@ def engine(tmp_path_factory):
 def rollout(engine, max_batch_calls):
     questions = [QAExample(id=str(i), dataset="bench", question=f"Where was band {i} formed?", answers=["x"])
                  for i in range(QUESTIONS)]
-    cfg = RolloutConfig(workflow="cmas", max_steps=5, max_output_tokens=MAX_TOKENS, max_batch_calls=max_batch_calls)
+    settings = WorkflowSettings(workflow="cmas", max_steps=5, max_output_tokens=MAX_TOKENS,
+                                max_batch_calls=max_batch_calls)
     start = time.perf_counter()
-    records = run_workflows(engine, Passages(), engine.tokenizer, questions, workflow="cmas", attempts=ATTEMPTS,
-                            rollout_cfg=cfg, answer_candidates=1, temperature=1.0, top_p=1.0, seed=0,
+    records = run_workflows(engine, Passages(), engine.tokenizer, questions, settings, attempts=ATTEMPTS,
                             progress=False)
     seconds = time.perf_counter() - start
     return sum(r.output_tokens for r in records), seconds, sum(len(r.calls) for r in records)

@@ -92,7 +92,8 @@ def _train_stage(name: str, cfg: Config, retriever, export_dir: Path) -> Path:
 
 def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s: DemoSettings, out: Path) -> Path:
     """The paper's protocol (1 candidate, T 0.6, top-p 0.95) with the tiny presets' workflow limits."""
-    from mopd.eval.runner import evaluate
+    from mopd.eval.runner import EvalPlan, evaluate
+    from mopd.rollout.run_state import WorkflowSettings
 
     tiny = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd")
     cfg = resolve("cmas_base" if workflow == "cmas" else "hmas_base",
@@ -104,7 +105,8 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
             setattr(cfg.rollout, key, value)
     _log(f"eval {name}: {len(questions)} questions x {s.attempts} attempts ({workflow})")
     t0 = time.perf_counter()
-    path = evaluate(model_dir, None, retriever, questions, workflow, s.attempts, cfg, out, method=name)
+    plan = EvalPlan(out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=s.attempts, method=name)
+    path = evaluate(model_dir, None, retriever, questions, plan, cfg)
     _log(f"eval {name}: {time.perf_counter() - t0:.0f}s")
     return path
 

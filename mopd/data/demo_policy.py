@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mopd.core.generation import Completion, GenerationRequest
 from mopd.data.demo_reader import Doc, PromptView, read_prompt
 from mopd.data.world_kb import KnowledgeBase
 from mopd.data.world_text import QUESTION_TEMPLATES
 from mopd.rollout.sampling import derive_seed
+from mopd.rollout.scripted_engine import ScriptedEngine
 
 
 @dataclass(frozen=True)
@@ -309,51 +309,20 @@ def world_policy(world_dir, style: DemoStyle = DemoStyle()) -> DemoPolicy:
     return DemoPolicy(load_kb(paths), firsts, style)
 
 
-class DemoEngine:
+class DemoEngine(ScriptedEngine):
     """The Engine protocol over :class:`DemoPolicy`. Deterministic: sample j of a request draws
     from ``Random(derive_seed(seed, request seed, j))``."""
 
     def __init__(self, policy: DemoPolicy, tokenizer, seed: int = 0):
-        self.policy, self.tokenizer, self.seed = policy, tokenizer, seed
-        self.eos_id = tokenizer.eos_token_id
-        # The Rust tokenizer directly: the Python wrapper's per-call overhead dominated demo generation.
-        self._fast = getattr(tokenizer, "backend_tokenizer", None)
-
-    def _decode(self, ids) -> str:
-        if self._fast is not None:
-            return self._fast.decode(list(ids), skip_special_tokens=False)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        super().__init__(tokenizer, self._respond, record_batches=False)
+        self.policy, self.seed = policy, seed
 
     def _count(self, text: str) -> int:
         if self._fast is not None:
             return len(self._fast.encode(text, add_special_tokens=False).ids)
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> List[List[Completion]]:
-        out = []
-        for req in requests:
-            prompt = self._decode(req.prompt_ids)
-            limit = req.params.max_new_tokens
-            fits = lambda text, limit=limit: self._count(text) < limit
-            out.append([self._completion(self.policy.act(prompt, random.Random(derive_seed(
-                self.seed, req.params.seed, j)), fits), req.params) for j in range(req.params.n)])
-        return out
-
-    def _completion(self, text: str, params) -> Completion:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if not any(text.endswith(s) for s in params.stop):
-            ids.append(self.eos_id)
-        reason = "stop"
-        if len(ids) > params.max_new_tokens:
-            ids, reason = ids[:params.max_new_tokens], "length"
-        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=reason,
-                          text=self.tokenizer.decode(ids, skip_special_tokens=True))
-
-    def load_weights(self, named_tensors) -> None:
-        pass
-
-    def sleep(self) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass
+    def _respond(self, prompt: str, params) -> List[str]:
+        fits = lambda text, limit=params.max_new_tokens: self._count(text) < limit  # noqa: E731
+        return [self.policy.act(prompt, random.Random(derive_seed(self.seed, params.seed, j)), fits)
+                for j in range(params.n)]

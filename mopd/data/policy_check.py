@@ -44,7 +44,7 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     """``{workflow: summarize(records)}`` for ``model_dir`` on a split of the world."""
     from mopd.config import RetrieverConfig
     from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.data.warmstart import CachedRetriever, rollout_config
+    from mopd.data.warmstart import CachedRetriever, workflow_settings
     from mopd.retriever import load_retriever
     from mopd.rollout.hf_engine import HFEngine
     from mopd.rollout.scheduler import run_workflows
@@ -55,8 +55,8 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     questions = load_split(paths, split)
     out = {}
     for wf in workflows:
-        records = run_workflows(engine, retriever, engine.tokenizer, questions, workflow=wf, attempts=attempts,
-                                rollout_cfg=rollout_config(wf), answer_candidates=1, temperature=temperature,
-                                top_p=top_p, seed=seed, method="pi0-check", progress=progress)
+        settings = workflow_settings(wf, temperature=temperature, top_p=top_p, seed=seed)
+        records = run_workflows(engine, retriever, engine.tokenizer, questions, settings, attempts=attempts,
+                                method="pi0-check", progress=progress)
         out[wf] = summarize(records)
     return out

@@ -120,14 +120,18 @@ class CachedRetriever:
 
 
 @functools.lru_cache(maxsize=None)
-def rollout_config(workflow: str):
+def workflow_settings(workflow: str, *, temperature: float, top_p: float, seed: int):
     """The workflow limits the demo trains and evaluates with: those of the tiny presets
     (``tiny_cmas_rl`` for C-MAS, ``tiny_mopd`` for H-MAS), so pi_0 learns the step budgets, round
-    limits and forced endings it will meet in Stage I and Stage II. (Cached: resolving a preset
-    costs a second; callers only read it.)"""
-    from mopd.config import resolve
+    limits and forced endings it will meet in Stage I and Stage II; one Answerer candidate."""
+    import dataclasses
 
-    return resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd").rollout
+    from mopd.config import resolve
+    from mopd.rollout.run_state import WorkflowSettings
+
+    cfg = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd")
+    return dataclasses.replace(WorkflowSettings.for_training(cfg, seed), answer_candidates=1,
+                               temperature=temperature, top_p=top_p)
 
 
 PROMPT_WEIGHT = 30
@@ -174,9 +178,9 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
     engine = DemoEngine(world_policy(paths.root, style or DemoStyle()), tokenizer, seed=seed)
     demos = Demonstrations()
     for wf in workflows:
-        records = run_workflows(engine, retriever, tokenizer, qs, workflow=wf, attempts=attempts,
-                                rollout_cfg=rollout_config(wf), answer_candidates=1, temperature=1.0, top_p=1.0,
-                                seed=seed, method="demo", progress=progress)
+        settings = workflow_settings(wf, temperature=1.0, top_p=1.0, seed=seed)
+        records = run_workflows(engine, retriever, tokenizer, qs, settings, attempts=attempts, method="demo",
+                                progress=progress)
         tokens, cut = 0, 0
         for r in records:
             cut += sum(f == "length" for c in r.calls for f in c.finish_reasons)

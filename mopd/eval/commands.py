@@ -64,7 +64,8 @@ def _run(args) -> int:
     from mopd.core.errors import UserError
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
-    from mopd.eval.runner import run_evaluation
+    from mopd.eval.runner import EvalPlan, run_evaluation
+    from mopd.rollout.run_state import WorkflowSettings
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
     attempts = args.attempts if args.attempts is not None else cfg.eval.attempts
@@ -85,9 +86,9 @@ def _run(args) -> int:
     except ImportError as e:
         raise UserError(f"the rollout scheduler is not available ({e})") from None
     from mopd.retriever import load_retriever
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engine import build_engine, evaluation_dtype
 
-    engine = build_engine(cfg.rollout, args.model, dtype=cfg.model.dtype)
+    engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         from transformers import AutoTokenizer
@@ -96,10 +97,11 @@ def _run(args) -> int:
     retriever = load_retriever(cfg.retriever)
     method = args.method or Path(args.model).resolve().name
     try:
-        path = run_evaluation(engine, retriever, tokenizer, questions, args.workflow, attempts, cfg, args.out,
-                              method=method, chunk_questions=args.chunk, run_fn=run_workflows, progress=True,
-                              run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
-                              keep_token_ids=args.keep_token_ids, log=print)
+        plan = EvalPlan(args.out, WorkflowSettings.for_evaluation(cfg, args.workflow), attempts=attempts,
+                        method=method, chunk_questions=args.chunk, keep_token_ids=args.keep_token_ids,
+                        run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest})
+        path = run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_workflows, progress=True,
+                              log=print)
     except EvalError as e:
         raise UserError(str(e)) from None
     print(f"records: {path}")

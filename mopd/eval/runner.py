@@ -17,38 +17,50 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from mopd.core.records import RecordError, WorkflowRecord, write_records
 from mopd.eval.alignment import EvalError
+from mopd.rollout.run_state import WorkflowSettings
 
 RECORDS_FILE = "records.jsonl"
 RUN_FILE = "run.json"
-WORKFLOW_STEPS = {"cmas": 5, "hmas": 12}
-"""The paper's environment-step limits, used when the config was made for the other workflow."""
-
 RunWorkflows = Callable[..., List[WorkflowRecord]]
-"""``run_workflows(engine, retriever, tokenizer, questions, *, workflow, attempts, rollout_cfg,
-answer_candidates, temperature, top_p, seed, method, progress, topk) -> records``
-(``mopd.rollout.scheduler.run_workflows``)."""
+"""``run_workflows(engine, retriever, tokenizer, questions, settings, *, attempts, method, progress)
+-> records`` (``mopd.rollout.scheduler.run_workflows``)."""
 
 
-def eval_rollout_config(cfg, workflow: str):
-    """The rollout settings of an evaluation: the config's, with eval sampling and the workflow."""
-    r = cfg.rollout
-    steps = r.max_steps if r.workflow == workflow else WORKFLOW_STEPS[workflow]
-    return dataclasses.replace(r, workflow=workflow, answer_candidates=cfg.eval.answer_candidates,
-                               temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, max_steps=steps)
+@dataclass(frozen=True)
+class EvalPlan:
+    """One evaluation run: where it goes, what it runs, and how it is stored."""
 
+    out_dir: Path
+    """Run directory: records.jsonl and run.json."""
+    settings: WorkflowSettings
+    """Workflow, limits, sampling and seed (``WorkflowSettings.for_evaluation``)."""
+    attempts: int = 4
+    """Independent workflows per question (K)."""
+    method: str = ""
+    """Method name written into every record."""
+    chunk_questions: int = 32
+    """Questions per rollout call; records are appended and fsynced after each chunk."""
+    keep_token_ids: bool = False
+    """Keep token ids and sampling log-probs in the records (about 10x larger files)."""
+    run_info: dict = field(default_factory=dict)
+    """Extra facts written into run.json (model path, preset, ...)."""
 
-def _run_settings(cfg, workflow: str, attempts: int, method: str) -> dict:
-    """What must not change between the starts of one run."""
-    r = eval_rollout_config(cfg, workflow)
-    return {"workflow": workflow, "attempts": attempts, "method": method,
-            "answer_candidates": r.answer_candidates, "temperature": r.temperature, "top_p": r.top_p,
-            "max_input_tokens": r.max_input_tokens, "max_output_tokens": r.max_output_tokens,
-            "max_steps": r.max_steps, "max_rounds": r.max_rounds, "seed": r.seed}
+    def __post_init__(self):
+        if self.attempts < 1 or self.chunk_questions < 1:
+            raise EvalError("attempts and chunk size must be >= 1")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    def fixed_settings(self) -> dict:
+        """What must not change between the starts of one run (the batch cap changes no record)."""
+        fixed = dataclasses.asdict(self.settings)
+        fixed.pop("max_batch_calls")
+        return {"attempts": self.attempts, "method": self.method, **fixed}
 
 
 def drop_token_ids(record: WorkflowRecord) -> WorkflowRecord:
@@ -128,49 +140,40 @@ def _check_chunk(records: List[WorkflowRecord], chunk, attempts: int) -> None:
                             f"{key[0]}/{key[1]}; expected {list(range(attempts))}")
 
 
-def run_evaluation(engine, retriever, tokenizer, questions: Sequence, workflow: str, attempts: int, cfg,
-                   out_dir: str | os.PathLike, *, method: str = "", chunk_questions: int = 32,
+def run_evaluation(engine, retriever, tokenizer, questions: Sequence, plan: EvalPlan, *,
                    run_fn: Optional[RunWorkflows] = None, progress: bool = False,
-                   run_info: Optional[dict] = None, keep_token_ids: bool = False,
                    log: Callable[[str], None] = lambda s: None) -> Path:
-    """Run the questions not yet finished in ``out_dir`` and return the records file's path.
+    """Run the questions not yet finished in ``plan.out_dir`` and return the records file's path.
 
-    Records are saved without token ids and sampling log-probs unless ``keep_token_ids``.
+    Records are saved without token ids and sampling log-probs unless ``plan.keep_token_ids``.
     """
-    if workflow not in WORKFLOW_STEPS:
-        raise EvalError(f"workflow {workflow!r} is not valid; choose cmas or hmas")
-    if attempts < 1 or chunk_questions < 1:
-        raise EvalError("attempts and chunk size must be >= 1")
     keys = [(q.dataset, q.id) for q in questions]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise EvalError(f"question {dup[0]}/{dup[1]} appears twice in the manifest")
     if run_fn is None:
         from mopd.rollout.scheduler import run_workflows as run_fn
-    out = Path(out_dir)
+    out, attempts, method = plan.out_dir, plan.attempts, plan.method
     out.mkdir(parents=True, exist_ok=True)
-    settings = _run_settings(cfg, workflow, attempts, method)
+    settings = plan.fixed_settings()
     _check_settings(out, settings)
     path = out / RECORDS_FILE
     _, done = read_finished(path, attempts)
-    extra = dict(run_info or {})
+    extra = dict(plan.run_info)
     _write_run_file(out, settings, len(questions), len(done & set(keys)), extra)
     todo = [q for q in questions if (q.dataset, q.id) not in done]
     log(f"{len(questions) - len(todo)} of {len(questions)} questions already finished; {len(todo)} to run")
-    rollout_cfg = eval_rollout_config(cfg, workflow)
     finished = len(questions) - len(todo)
-    for start in range(0, len(todo), chunk_questions):
-        chunk = todo[start:start + chunk_questions]
+    for start in range(0, len(todo), plan.chunk_questions):
+        chunk = todo[start:start + plan.chunk_questions]
         # One base seed for every chunk: the scheduler seeds each call from (seed, question, attempt,
         # call, turn), so a record does not depend on its chunk or on a restart.
-        records = run_fn(engine, retriever, tokenizer, chunk, workflow=workflow, attempts=attempts,
-                         rollout_cfg=rollout_cfg, answer_candidates=rollout_cfg.answer_candidates,
-                         temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, seed=rollout_cfg.seed,
-                         method=method, progress=progress, topk=cfg.retriever.topk)
+        records = run_fn(engine, retriever, tokenizer, chunk, plan.settings, attempts=attempts, method=method,
+                         progress=progress)
         _check_chunk(records, chunk, attempts)
         for r in records:
             r.method = r.method or method
-            if not keep_token_ids:
+            if not plan.keep_token_ids:
                 drop_token_ids(r)
         write_records(path, records, append=True)
         finished += len(chunk)
@@ -179,26 +182,23 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, workflow: 
     return path
 
 
-def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, workflow: str, attempts: int, cfg,
-             out_dir: str | os.PathLike, *, method: str = "", chunk_questions: int = 32,
-             run_fn: Optional[RunWorkflows] = None, progress: bool = False,
-             keep_token_ids: bool = False) -> Path:
-    """In-process evaluation for the demo and the trainer's validation.
+def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: EvalPlan, cfg, *,
+             run_fn: Optional[RunWorkflows] = None, progress: bool = False) -> Path:
+    """In-process evaluation for the demo.
 
     ``model_or_engine``: an engine (anything with ``generate``), an ``nn.Module`` (wrapped in an HF
-    engine with ``tokenizer``; the trainer's model is shared, not copied) or a model directory.
-    Returns the path of ``out_dir/records.jsonl``; ``mopd eval report`` (or ``report_runs``) reads it.
+    engine with ``tokenizer``; a trainer's model is shared, not copied) or a model directory, loaded
+    with ``cfg.rollout.engine`` in ``eval.dtype`` (float16 on GPU). Returns the path of
+    ``plan.out_dir/records.jsonl``; ``mopd eval report`` (or ``report_runs``) reads it.
     """
     engine = model_or_engine
     if not hasattr(model_or_engine, "generate") or _is_module(model_or_engine):
-        from mopd.rollout.engine import build_engine
+        from mopd.rollout.engine import build_engine, evaluation_dtype
 
-        engine = build_engine(cfg.rollout, model_or_engine, tokenizer, dtype=cfg.model.dtype)
+        engine = build_engine(cfg.rollout, model_or_engine, tokenizer, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
     if tokenizer is None:
         tokenizer = getattr(engine, "tokenizer", None)
-    return run_evaluation(engine, retriever, tokenizer, questions, workflow, attempts, cfg, out_dir,
-                          method=method, chunk_questions=chunk_questions, run_fn=run_fn, progress=progress,
-                          keep_token_ids=keep_token_ids)
+    return run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_fn, progress=progress)
 
 
 def _is_module(obj) -> bool:

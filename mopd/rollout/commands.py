@@ -32,6 +32,7 @@ def register(sub) -> None:
 
 
 def _rollout(args) -> int:
+    import dataclasses
     import time
     from pathlib import Path
 
@@ -41,6 +42,7 @@ def _rollout(args) -> int:
     from mopd.core.records import write_records
     from mopd.core.scoring import exact_match
     from mopd.rollout.engine import build_engine
+    from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
     from mopd.rollout.vllm_engine import EngineUnavailable
 
@@ -61,12 +63,13 @@ def _rollout(args) -> int:
         raise UserError(str(e)) from None
     start = time.perf_counter()
     try:
-        records = run_workflows(
-            engine, retriever, engine.tokenizer, questions, workflow=workflow, attempts=args.attempts,
-            rollout_cfg=cfg.rollout, answer_candidates=args.candidates or cfg.eval.answer_candidates,
-            temperature=cfg.eval.temperature if args.temperature is None else args.temperature,
-            top_p=args.top_p or cfg.eval.top_p, seed=cfg.rollout.seed if args.seed is None else args.seed,
-            method=cfg.method, progress=not args.no_progress, topk=cfg.retriever.topk)
+        settings = WorkflowSettings.for_evaluation(cfg, workflow, seed=args.seed)
+        settings = dataclasses.replace(
+            settings, answer_candidates=args.candidates or settings.answer_candidates,
+            temperature=settings.temperature if args.temperature is None else args.temperature,
+            top_p=args.top_p or settings.top_p)
+        records = run_workflows(engine, retriever, engine.tokenizer, questions, settings, attempts=args.attempts,
+                                method=cfg.method, progress=not args.no_progress)
     except ValueError as e:
         raise UserError(str(e)) from None
     seconds = time.perf_counter() - start

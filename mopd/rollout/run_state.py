@@ -9,6 +9,7 @@ the engine or the retriever themselves, so the scheduler can batch them across a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, List
@@ -21,29 +22,61 @@ from mopd.rollout.sampling import derive_seed
 
 @dataclass(frozen=True)
 class WorkflowSettings:
-    """Limits and sampling of one batch of workflows (from RolloutConfig / EvalConfig)."""
+    """Everything a batch of workflows needs to know, in one object: which workflow, its limits,
+    its sampling and its seed. Build it with :meth:`for_training` or :meth:`for_evaluation`; the
+    rollout takes nothing beside it."""
 
+    workflow: str = "cmas"
+    """cmas or hmas."""
     max_steps: int = 5
+    """Environment steps per workflow."""
     max_rounds: int = 5
+    """H-MAS delegation rounds before the Leader must select."""
     max_searchers_per_wave: int = 0
-    """0: no cap."""
+    """H-MAS subtasks run per Leader output; 0: no cap."""
     searcher_sees_question: bool = False
+    """H-MAS Searchers also see the whole question (off: the paper's one Searcher interface)."""
     max_input_tokens: int = 8192
+    """Per-call prompt limit."""
     max_output_tokens: int = 512
+    """Per-call output limit (EOS included)."""
     answer_candidates: int = 1
+    """Answerer candidates per answering request."""
     temperature: float = 1.0
+    """Sampling temperature of every role."""
     top_p: float = 1.0
+    """Nucleus mass of every role."""
     seed: int = 0
+    """Base seed; every call derives its own from (seed, question, attempt, call, turn)."""
     topk: int = 3
+    """Passages per search action."""
+    max_batch_calls: int = 256
+    """Sampled sequences per engine batch at most."""
 
     @classmethod
-    def from_config(cls, rollout_cfg, *, answer_candidates: int, temperature: float, top_p: float,
-                    seed: int, topk: int = 3) -> "WorkflowSettings":
-        return cls(max_steps=rollout_cfg.max_steps, max_rounds=rollout_cfg.max_rounds,
-                   max_searchers_per_wave=rollout_cfg.max_searchers_per_wave,
-                   searcher_sees_question=rollout_cfg.searcher_sees_question,
-                   max_input_tokens=rollout_cfg.max_input_tokens, max_output_tokens=rollout_cfg.max_output_tokens,
-                   answer_candidates=answer_candidates, temperature=temperature, top_p=top_p, seed=seed, topk=topk)
+    def for_training(cls, cfg, seed: int) -> "WorkflowSettings":
+        """Training rollouts: the config's workflow, limits and rollout sampling."""
+        r = cfg.rollout
+        return cls(workflow=r.workflow, max_steps=r.max_steps, max_rounds=r.max_rounds,
+                   max_searchers_per_wave=r.max_searchers_per_wave,
+                   searcher_sees_question=r.searcher_sees_question, max_input_tokens=r.max_input_tokens,
+                   max_output_tokens=r.max_output_tokens, answer_candidates=r.answer_candidates,
+                   temperature=r.temperature, top_p=r.top_p, seed=seed, topk=cfg.retriever.topk,
+                   max_batch_calls=r.max_batch_calls)
+
+    @classmethod
+    def for_evaluation(cls, cfg, workflow: str = "", seed: int | None = None) -> "WorkflowSettings":
+        """Evaluation (and validation): the config's limits with ``cfg.eval`` sampling and candidates.
+        A workflow other than the config's gets the paper's step limit for it (``WORKFLOW_STEPS``)."""
+        from mopd.config import WORKFLOW_STEPS
+
+        workflow = workflow or cfg.rollout.workflow
+        if workflow not in WORKFLOW_STEPS:
+            raise ValueError(f"workflow {workflow!r} is not valid; choose one of {sorted(WORKFLOW_STEPS)}")
+        train = cls.for_training(cfg, cfg.rollout.seed if seed is None else seed)
+        steps = train.max_steps if workflow == cfg.rollout.workflow else WORKFLOW_STEPS[workflow]
+        return dataclasses.replace(train, workflow=workflow, max_steps=steps, temperature=cfg.eval.temperature,
+                                   top_p=cfg.eval.top_p, answer_candidates=cfg.eval.answer_candidates)
 
 
 @dataclass

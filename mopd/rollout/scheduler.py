@@ -34,6 +34,19 @@ def new_run(workflow: str, example, attempt: int, tokenizer, settings: WorkflowS
     return WORKFLOWS[workflow](RunContext(record, tokenizer, settings, copy=copy))
 
 
+def new_runs(questions, attempts: int, tokenizer, settings: WorkflowSettings, method: str = "") -> List:
+    """``attempts`` runs of every question, question by question. Each entry of ``questions`` is one
+    sampled prompt: its runs share a group id (``WorkflowRecord.group_id``). A question listed twice
+    (a step across an epoch boundary) gives two groups, the second sampled with its own seeds."""
+    seen: Counter = Counter()
+    runs = []
+    for q in questions:
+        copy = seen[(q.dataset, q.id)]
+        seen[(q.dataset, q.id)] += 1
+        runs.extend(new_run(settings.workflow, q, a, tokenizer, settings, method, copy=copy) for a in range(attempts))
+    return runs
+
+
 def _generate(engine, turns, max_batch_calls: int) -> None:
     """Send the turns' requests in as few generate() calls as the batch cap allows."""
     start = 0
@@ -75,39 +88,24 @@ def run_steps(engine, retriever, runs: Sequence, *, topk: int, max_batch_calls: 
             progress.update(len(finished))
 
 
-def run_workflows(engine, retriever, tokenizer, questions, *, workflow: str, attempts: int, rollout_cfg,
-                  answer_candidates: int, temperature: float, top_p: float, seed: int, method: str = "",
-                  progress: bool = True, topk: int = 3, max_active_runs: Optional[int] = None
+def run_workflows(engine, retriever, tokenizer, questions, settings: WorkflowSettings, *, attempts: int,
+                  method: str = "", progress: bool = True, max_active_runs: Optional[int] = None
                   ) -> List[WorkflowRecord]:
-    """Run ``attempts`` workflows on every question; records come back question by question,
-    attempts in order. Sampling of every call is seeded from (seed, question, attempt, call,
-    turn), so a record does not depend on what it was batched with.
-
-    Each entry of ``questions`` is one sampled prompt: its ``attempts`` runs share a group id
-    (``WorkflowRecord.group_id``). A question listed twice (a step across an epoch boundary) gives
-    two groups, the second sampled with its own seeds."""
-    settings = WorkflowSettings.from_config(rollout_cfg, answer_candidates=answer_candidates,
-                                            temperature=temperature, top_p=top_p, seed=seed, topk=topk)
-    seen: Counter = Counter()
-    runs = []
-    for q in questions:
-        copy = seen[(q.dataset, q.id)]
-        seen[(q.dataset, q.id)] += 1
-        runs.extend(new_run(workflow, q, a, tokenizer, settings, method, copy=copy) for a in range(attempts))
-    reset = getattr(engine, "reset_prefix_cache", None)  # cached prefixes may predate the weights
-    if reset is not None:
-        reset()
+    """Run ``attempts`` workflows of ``settings.workflow`` on every question; records come back
+    question by question, attempts in order. Sampling of every call is seeded from (seed, question,
+    attempt, call, turn), so a record does not depend on what it was batched with."""
+    runs = new_runs(questions, attempts, tokenizer, settings, method)
+    engine.reset_prefix_cache()  # cached prefixes may predate the weights
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(runs), desc=f"rollout {workflow}", unit="run", leave=False)
+        bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
     try:
-        run_steps(engine, retriever, runs, topk=topk, max_batch_calls=rollout_cfg.max_batch_calls,
+        run_steps(engine, retriever, runs, topk=settings.topk, max_batch_calls=settings.max_batch_calls,
                   max_active_runs=max_active_runs, progress=bar)
     finally:
         if bar is not None:
             bar.close()
-        if reset is not None:
-            reset()
+        engine.reset_prefix_cache()
     return [r.ctx.record for r in runs]

@@ -30,17 +30,32 @@ def completion_from_text(tokenizer, text: str, params: SamplingParams) -> Comple
 
 
 class ScriptedEngine:
-    def __init__(self, tokenizer, respond: Callable[[str, SamplingParams], Union[str, Sequence[str]]]):
+    """The Engine protocol over a ``respond`` function. ``record_batches`` keeps every generate()
+    call's requests in ``batches`` for tests to inspect (off for long runs)."""
+
+    def __init__(self, tokenizer, respond: Callable[[str, SamplingParams], Union[str, Sequence[str]]],
+                 record_batches: bool = True):
         self.tokenizer = tokenizer
         self.respond = respond
+        self.record_batches = record_batches
         self.batches: List[List[GenerationRequest]] = []
-        """Every generate() call's requests, for inspection."""
+        """Every generate() call's requests, for inspection (when ``record_batches``)."""
+        # The Rust tokenizer directly where there is one: the Python wrapper's per-call overhead
+        # dominates scripted generation.
+        self._fast = getattr(tokenizer, "backend_tokenizer", None)
+
+    def decode(self, ids) -> str:
+        """The prompt text ``respond`` sees (special tokens kept: they carry the role prompts)."""
+        if self._fast is not None:
+            return self._fast.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> List[List[Completion]]:
-        self.batches.append(list(requests))
+        if self.record_batches:
+            self.batches.append(list(requests))
         out = []
         for req in requests:
-            texts = self.respond(self.tokenizer.decode(req.prompt_ids), req.params)
+            texts = self.respond(self.decode(req.prompt_ids), req.params)
             if isinstance(texts, str):
                 texts = [texts] * req.params.n
             if len(texts) != req.params.n:
@@ -49,10 +64,13 @@ class ScriptedEngine:
         return out
 
     def load_weights(self, named_tensors) -> None:
-        pass
+        """Nothing to load: the texts are the policy."""
 
-    def sleep(self) -> None:
-        pass
+    def reset_prefix_cache(self) -> None:
+        """No cache."""
 
-    def wake(self) -> None:
-        pass
+    def sleep(self, level: int = 1) -> None:
+        """Nothing to free."""
+
+    def wake_up(self, tags=None) -> None:
+        """Nothing to restore."""

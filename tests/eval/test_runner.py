@@ -8,7 +8,8 @@ from mopd.config import Config, resolve
 from mopd.core.qa import QAExample
 from mopd.core.records import read_records
 from mopd.eval.alignment import EvalError
-from mopd.eval.runner import eval_rollout_config, read_finished, run_evaluation
+from mopd.eval.runner import EvalPlan, read_finished, run_evaluation
+from mopd.rollout.run_state import WorkflowSettings
 
 from .records_factory import make_record, right
 
@@ -20,34 +21,67 @@ class FakeRollout:
         self.calls = []
         self.fail_on_call = fail_on_call
 
-    def __call__(self, engine, retriever, tokenizer, questions, *, workflow, attempts, rollout_cfg,
-                 answer_candidates, temperature, top_p, seed, method="", progress=True, topk=3):
-        self.calls.append({"ids": [q.id for q in questions], "workflow": workflow, "attempts": attempts,
-                           "candidates": answer_candidates, "temperature": temperature, "top_p": top_p,
-                           "seed": seed, "max_steps": rollout_cfg.max_steps, "topk": topk})
+    def __call__(
+        self, engine, retriever, tokenizer, questions, settings, *, attempts, method="", progress=True
+    ):
+        workflow = settings.workflow
+        self.calls.append(
+            {
+                "ids": [q.id for q in questions],
+                "workflow": workflow,
+                "attempts": attempts,
+                "candidates": settings.answer_candidates,
+                "temperature": settings.temperature,
+                "top_p": settings.top_p,
+                "seed": settings.seed,
+                "max_steps": settings.max_steps,
+                "topk": settings.topk,
+            }
+        )
         if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
             raise KeyboardInterrupt
-        return [make_record(q.id, q.dataset, a, right(), workflow=workflow) for q in questions
-                for a in range(attempts)]
+        return [
+            make_record(q.id, q.dataset, a, right(), workflow=workflow)
+            for q in questions
+            for a in range(attempts)
+        ]
 
 
 def _questions(n):
-    return [QAExample(id=f"q{i}", dataset="nq" if i % 2 else "hq", question=f"Q{i}?", answers=["Paris"])
-            for i in range(n)]
+    return [
+        QAExample(id=f"q{i}", dataset="nq" if i % 2 else "hq", question=f"Q{i}?", answers=["Paris"])
+        for i in range(n)
+    ]
+
+
+def _plan(out, workflow="cmas", attempts=4, cfg=None, **kw):
+    return EvalPlan(out, WorkflowSettings.for_evaluation(cfg or Config(), workflow), attempts=attempts, **kw)
 
 
 def test_eval_settings_follow_the_protocol():
-    r = eval_rollout_config(Config(), "hmas")
-    assert (r.answer_candidates, r.temperature, r.top_p) == (1, 0.6, 0.95)
+    r = WorkflowSettings.for_evaluation(Config(), "hmas")
+    assert (r.workflow, r.answer_candidates, r.temperature, r.top_p) == ("hmas", 1, 0.6, 0.95)
     assert (r.max_input_tokens, r.max_output_tokens, r.max_steps) == (8192, 512, 12)
-    assert eval_rollout_config(resolve("mopd"), "hmas").max_steps == 12
-    assert eval_rollout_config(Config(), "cmas").max_steps == 5
+    assert WorkflowSettings.for_evaluation(resolve("mopd"), "hmas").max_steps == 12
+    assert WorkflowSettings.for_evaluation(Config(), "cmas").max_steps == 5
+    # The config's own workflow keeps the config's limit; a preset's seed is the evaluation's seed.
+    cfg = resolve("tiny_mopd", ["rollout.seed=7"])
+    assert WorkflowSettings.for_evaluation(cfg).max_steps == cfg.rollout.max_steps == 8
+    assert WorkflowSettings.for_evaluation(cfg).seed == 7
+    with pytest.raises(ValueError, match="xmas"):
+        WorkflowSettings.for_evaluation(cfg, "xmas")
 
 
 def test_runs_every_question_in_chunks_and_writes_records(tmp_path):
     fake = FakeRollout()
-    path = run_evaluation(None, None, None, _questions(5), "cmas", 4, Config(), tmp_path, method="m",
-                          chunk_questions=2, run_fn=fake)
+    path = run_evaluation(
+        None,
+        None,
+        None,
+        _questions(5),
+        _plan(tmp_path, "cmas", 4, method="m", chunk_questions=2),
+        run_fn=fake,
+    )
     assert [c["ids"] for c in fake.calls] == [["q0", "q1"], ["q2", "q3"], ["q4"]]
     assert all(c["temperature"] == 0.6 and c["top_p"] == 0.95 and c["candidates"] == 1 for c in fake.calls)
     assert {c["seed"] for c in fake.calls} == {0} and {c["topk"] for c in fake.calls} == {3}
@@ -58,22 +92,31 @@ def test_runs_every_question_in_chunks_and_writes_records(tmp_path):
 
 def test_killed_run_resumes_with_unfinished_questions(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        run_evaluation(None, None, None, _questions(5), "cmas", 4, Config(), tmp_path, chunk_questions=2,
-                       run_fn=FakeRollout(fail_on_call=2))
+        run_evaluation(
+            None,
+            None,
+            None,
+            _questions(5),
+            _plan(tmp_path, "cmas", 4, chunk_questions=2),
+            run_fn=FakeRollout(fail_on_call=2),
+        )
     assert len(read_records(tmp_path / "records.jsonl")) == 8  # the first chunk was saved
     # A kill in the middle of writing: a half line at the end, and q1 missing two attempts.
     f = tmp_path / "records.jsonl"
     lines = f.read_text().splitlines(keepends=True)
     f.write_text("".join(lines[:6]) + lines[6][:40])
     fake = FakeRollout()
-    path = run_evaluation(None, None, None, _questions(5), "cmas", 4, Config(), tmp_path, chunk_questions=2,
-                          run_fn=fake)
+    path = run_evaluation(
+        None, None, None, _questions(5), _plan(tmp_path, "cmas", 4, chunk_questions=2), run_fn=fake
+    )
     assert [c["ids"] for c in fake.calls] == [["q1", "q2"], ["q3", "q4"]]
     recs = read_records(path)
-    assert sorted((r.question_id, r.attempt) for r in recs) == [(f"q{i}", a) for i in range(5) for a in range(4)]
+    assert sorted((r.question_id, r.attempt) for r in recs) == [
+        (f"q{i}", a) for i in range(5) for a in range(4)
+    ]
     # Nothing left: a third start runs nothing.
     fake3 = FakeRollout()
-    run_evaluation(None, None, None, _questions(5), "cmas", 4, Config(), tmp_path, run_fn=fake3)
+    run_evaluation(None, None, None, _questions(5), _plan(tmp_path, "cmas", 4), run_fn=fake3)
     assert fake3.calls == []
 
 
@@ -86,11 +129,11 @@ def test_read_finished_rejects_a_broken_line_in_the_middle(tmp_path):
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
-    run_evaluation(None, None, None, _questions(2), "cmas", 4, Config(), tmp_path, run_fn=FakeRollout())
+    run_evaluation(None, None, None, _questions(2), _plan(tmp_path, "cmas", 4), run_fn=FakeRollout())
     with pytest.raises(EvalError, match="other settings"):
-        run_evaluation(None, None, None, _questions(2), "hmas", 4, Config(), tmp_path, run_fn=FakeRollout())
+        run_evaluation(None, None, None, _questions(2), _plan(tmp_path, "hmas", 4), run_fn=FakeRollout())
     with pytest.raises(EvalError, match="other settings"):
-        run_evaluation(None, None, None, _questions(2), "cmas", 2, Config(), tmp_path, run_fn=FakeRollout())
+        run_evaluation(None, None, None, _questions(2), _plan(tmp_path, "cmas", 2), run_fn=FakeRollout())
 
 
 def test_a_rollout_that_loses_attempts_is_an_error(tmp_path):
@@ -98,10 +141,13 @@ def test_a_rollout_that_loses_attempts_is_an_error(tmp_path):
         return [make_record("q0", "hq", 0, right())]
 
     with pytest.raises(EvalError, match="attempts \\[0\\] for question hq/q0"):
-        run_evaluation(None, None, None, _questions(1), "cmas", 4, Config(), tmp_path,
-                       run_fn=lambda *a, **k: lossy())
+        run_evaluation(
+            None, None, None, _questions(1), _plan(tmp_path, "cmas", 4), run_fn=lambda *a, **k: lossy()
+        )
     with pytest.raises(EvalError, match="appears twice"):
-        run_evaluation(None, None, None, _questions(2) * 2, "cmas", 4, Config(), tmp_path / "b", run_fn=FakeRollout())
+        run_evaluation(
+            None, None, None, _questions(2) * 2, _plan(tmp_path / "b", "cmas", 4), run_fn=FakeRollout()
+        )
 
 
 def test_evaluate_in_process_with_an_engine(tmp_path):
@@ -115,12 +161,14 @@ def test_evaluate_in_process_with_an_engine(tmp_path):
 
     seen = {}
 
-    def rollout(engine, retriever, tokenizer, questions, **kw):
+    def rollout(engine, retriever, tokenizer, questions, settings, **kw):
         seen.update(engine=engine, tokenizer=tokenizer, retriever=retriever)
-        return FakeRollout()(engine, retriever, tokenizer, questions, **kw)
+        return FakeRollout()(engine, retriever, tokenizer, questions, settings, **kw)
 
     eng = Engine()
-    path = mopd.eval.evaluate(eng, None, "ret", _questions(3), "hmas", 2, Config(), tmp_path, run_fn=rollout)
+    path = mopd.eval.evaluate(
+        eng, None, "ret", _questions(3), _plan(tmp_path, "hmas", 2), Config(), run_fn=rollout
+    )
     assert seen == {"engine": eng, "tokenizer": "tok", "retriever": "ret"}
     s = mopd.eval.summarize({"m": mopd.eval.load_runs([path.parent])[path.parent.name]}, draws=20)
     assert s["accuracy"]["strict"]["m"]["macro"]["avg@2"]["value"] == 1.0
@@ -136,7 +184,13 @@ def test_token_ids_are_dropped_unless_kept(tmp_path):
         return recs
 
     for keep, ids in ((False, [[], []]), (True, [[1, 2], [3]])):
-        path = run_evaluation(None, None, None, _questions(1), "cmas", 1, Config(), tmp_path / str(keep),
-                              run_fn=with_segments, keep_token_ids=keep)
+        path = run_evaluation(
+            None,
+            None,
+            None,
+            _questions(1),
+            _plan(tmp_path / str(keep), "cmas", 1, keep_token_ids=keep),
+            run_fn=with_segments,
+        )
         segs = read_records(path)[0].calls[0].segments
         assert [s.token_ids for s in segs] == ids and [s.text for s in segs] == ["prompt", "out"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from mopd.config import RolloutConfig
 from mopd.core.qa import QAExample
+from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
 
 from .fakes import FakeRetriever, ScriptedEngine
@@ -19,10 +19,9 @@ def questions(n=1):
 def run_scripted(tokenizer, respond, workflow="cmas", n_questions=1, attempts=1, candidates=1, **cfg):
     engine, retriever = ScriptedEngine(tokenizer, respond), FakeRetriever()
     cfg.setdefault("max_steps", 5 if workflow == "cmas" else 12)
-    rcfg = RolloutConfig(workflow=workflow, **cfg)
-    records = run_workflows(engine, retriever, tokenizer, questions(n_questions), workflow=workflow,
-                            attempts=attempts, rollout_cfg=rcfg, answer_candidates=candidates, temperature=1.0,
-                            top_p=1.0, seed=0, method="test", progress=False)
+    settings = WorkflowSettings(workflow=workflow, answer_candidates=candidates, **cfg)
+    records = run_workflows(engine, retriever, tokenizer, questions(n_questions), settings, attempts=attempts,
+                            method="test", progress=False)
     return records, engine, retriever
 
 

@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
-from mopd.config import RolloutConfig
 from mopd.core.records import read_records, write_records
+from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
 
 from .fakes import FakeRetriever
@@ -65,10 +65,10 @@ def steered(request, hf_engine, tokenizer):
 
 def run(engine, tokenizer, workflow, n_questions=3, attempts=2, temperature=1.0, max_active_runs=None, **cfg):
     cfg.setdefault("max_output_tokens", 12)
-    rcfg = RolloutConfig(workflow=workflow, max_steps=5 if workflow == "cmas" else 8, max_rounds=2, **cfg)
-    return run_workflows(engine, FakeRetriever(), tokenizer, questions(n_questions), workflow=workflow,
-                         attempts=attempts, rollout_cfg=rcfg, answer_candidates=2, temperature=temperature,
-                         top_p=1.0, seed=5, progress=False, max_active_runs=max_active_runs)
+    settings = WorkflowSettings(workflow=workflow, max_steps=5 if workflow == "cmas" else 8, max_rounds=2,
+                                answer_candidates=2, temperature=temperature, seed=5, **cfg)
+    return run_workflows(engine, FakeRetriever(), tokenizer, questions(n_questions), settings, attempts=attempts,
+                         progress=False, max_active_runs=max_active_runs)
 
 
 def rescore(model, call, temperature):

@@ -73,7 +73,7 @@ def test_changed_weights_clear_the_store(tiny_dir, tokenizer):
 
 
 def test_rollouts_and_weight_loads_leave_no_stale_prefixes(tiny_dir, tokenizer):
-    from mopd.config import RolloutConfig
+    from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
 
     from .fakes import FakeRetriever
@@ -84,7 +84,6 @@ def test_rollouts_and_weight_loads_leave_no_stale_prefixes(tiny_dir, tokenizer):
     assert len(engine.prefix_store) > 0
     engine.load_weights(engine.model.named_parameters())  # shared tensors: nothing copied, cache cleared
     assert len(engine.prefix_store) == 0
-    run_workflows(engine, FakeRetriever(), tokenizer, questions(2), workflow="cmas", attempts=1,
-                  rollout_cfg=RolloutConfig(max_output_tokens=6, max_steps=3), answer_candidates=1,
-                  temperature=1.0, top_p=1.0, seed=0, progress=False)
+    run_workflows(engine, FakeRetriever(), tokenizer, questions(2), WorkflowSettings(max_output_tokens=6, max_steps=3),
+                  attempts=1, progress=False)
     assert engine.prefix_store.hits > 0 and len(engine.prefix_store) == 0

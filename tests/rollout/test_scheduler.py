@@ -2,7 +2,6 @@
 
 import pytest
 
-from mopd.config import RolloutConfig
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import new_run, run_steps, run_workflows
 
@@ -58,9 +57,7 @@ def test_a_bad_retriever_fails_loudly(tokenizer):
 
     engine = ScriptedEngine(tokenizer, two_searches)
     with pytest.raises(RuntimeError, match="retriever returned"):
-        run_workflows(engine, Short(), tokenizer, questions(2), workflow="cmas", attempts=1,
-                      rollout_cfg=RolloutConfig(), answer_candidates=1, temperature=1.0, top_p=1.0, seed=0,
-                      progress=False)
+        run_workflows(engine, Short(), tokenizer, questions(2), WorkflowSettings(), attempts=1, progress=False)
 
 
 def test_unknown_workflow_and_too_few_steps(tokenizer):

@@ -37,9 +37,9 @@ def test_a_question_dealt_twice_in_one_step_gives_two_groups(tiny_model_dir):
     its own group id and its own samples."""
     from transformers import AutoTokenizer
 
-    from mopd.config import RolloutConfig
     from mopd.core.qa import QAExample
     from mopd.rollout.prompts import role_of
+    from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
     from mopd.rollout.scripted_engine import ScriptedEngine
 
@@ -58,9 +58,8 @@ def test_a_question_dealt_twice_in_one_step_gives_two_groups(tiny_model_dir):
         def search(self, queries, k):
             return [[] for _ in queries]
 
-    records = run_workflows(ScriptedEngine(tok, respond), NoSearch(), tok, questions, workflow="cmas",
-                            attempts=3, rollout_cfg=RolloutConfig(max_steps=3), answer_candidates=1,
-                            temperature=1.0, top_p=1.0, seed=0, progress=False)
+    records = run_workflows(ScriptedEngine(tok, respond), NoSearch(), tok, questions, WorkflowSettings(max_steps=3),
+                            attempts=3, progress=False)
     groups = Counter(r.group_id for r in records)
     assert len(groups) == len(step) and set(groups.values()) == {3}
     copies = [r for r in records if r.question_id == f"q{twice}"]

@@ -8,7 +8,7 @@ from mopd.core.scoring import exact_match
 from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy
 from mopd.data.demo_reader import read_prompt
 from mopd.data.tinyworld import load_question_meta, load_split
-from mopd.data.warmstart import rollout_config
+from mopd.data.warmstart import workflow_settings
 from mopd.retriever import Passage
 from mopd.rollout import prompts
 from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher
@@ -21,9 +21,8 @@ CARELESS = DemoStyle(good_query=0.0, right_copy=0.0, right_pick=0.0, search_firs
 
 def run(world, tok, retriever, workflow, questions, style=None, seed=0, attempts=1):
     engine = DemoEngine(world_policy(world.root, style or DemoStyle()), tok, seed=seed)
-    return run_workflows(engine, retriever, tok, questions, workflow=workflow, attempts=attempts,
-                         rollout_cfg=rollout_config(workflow), answer_candidates=1, temperature=1.0, top_p=1.0,
-                         seed=seed, progress=False)
+    settings = workflow_settings(workflow, temperature=1.0, top_p=1.0, seed=seed)
+    return run_workflows(engine, retriever, tok, questions, settings, attempts=attempts, progress=False)
 
 
 def em(records):
