@@ -30,6 +30,14 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+DTYPES = {"auto", "float32", "bfloat16", "float16"}
+"""Weight dtypes a model or engine can be loaded in (auto: per device)."""
+
+WORKFLOW_STEPS = {"cmas": 5, "hmas": 12}
+"""The paper's environment-step limit of each workflow (H-MAS also has 5 delegation rounds); the
+presets use it, and an evaluation of the other workflow than the config's falls back to it."""
+
+
 # --------------------------------------------------------------------------------------------
 # Model, data, retrieval, rollout
 # --------------------------------------------------------------------------------------------
@@ -40,7 +48,9 @@ class ModelConfig:
     path: str = ""
     """Hugging Face model directory (or hub id already in the user's cache) of the policy pi_0."""
     dtype: str = "auto"
-    """Parameter dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
+    """Parameter dtype of training (and of rollout engines): auto (bf16 on CUDA, fp32 on CPU),
+    float32, bfloat16, or float16 (for engines only: training refuses it, having no loss scaling).
+    Evaluation engines take ``eval.dtype`` instead (float16 on GPU, as the paper evaluates)."""
     activation_checkpointing: Optional[bool] = None
     """Recompute each decoder layer's activations in the backward pass to save memory. None (the
     default): on for CUDA (a 16k-token micro-batch of Qwen3-4B keeps ~40 GiB of activations
@@ -51,7 +61,7 @@ class ModelConfig:
     """auto (flash-attn varlen on CUDA when installed, else a block-diagonal masked SDPA), sdpa, eager."""
 
     def __post_init__(self):
-        _choice("model.dtype", self.dtype, {"auto", "float32", "bfloat16"})
+        _choice("model.dtype", self.dtype, DTYPES)
         _choice("model.attn_implementation", self.attn_implementation, {"auto", "sdpa", "eager", "flash"})
 
 
@@ -165,7 +175,9 @@ class RoleLossConfig:
     entropy_coef: float = 1e-3
     """Weight of the entropy bonus (subtracted from the loss)."""
     kl_coef: float = 0.0
-    """Weight of a KL-to-reference loss term (the paper keeps KL in the reward instead)."""
+    """Weight of a KL-to-reference loss term on this role's tokens, towards the reference policy
+    (``reference``). The paper keeps KL in the reward instead (``reward.kl_coef``), so every preset
+    leaves it 0."""
     kl_type: str = "k3"
     """Estimator of the KL loss term: k1 or k3."""
 
@@ -186,15 +198,17 @@ class RewardConfig:
     answerer: str = "candidate_em"
     """Answerer reward: candidate_em (c_ij of each candidate)."""
     bonus_coef: float = 0.2
-    """Weight of the Searcher behaviour bonus b_S."""
+    """Weight of the Searcher behaviour bonus b_S (0.5 after one search step, 1 after two or more,
+    paid only when the Searcher wrote a report)."""
     assign_coef: float = 0.2
     """Weight of the Leader assignment reward R_assign."""
     assign_cap: int = 6
     """C_tool is capped at this many steps: R_assign = min(C_tool, cap) / cap."""
     invalid_reward: float = -1.0
-    """Total reward of a role's output with an invalid action format."""
+    """Total reward of a role's output with an invalid action format, exactly (no KL subtracted)."""
     kl_coef: float = 0.0
-    """KL-in-reward weight: kl_coef * sum_t (old_logp - teacher_logp) is subtracted (k1)."""
+    """KL-in-reward weight: kl_coef * sum_t (old_logp - ref_logp) over a role's tokens is subtracted
+    from its reward (k1, verl's apply_kl_penalty), towards the reference policy (``reference``)."""
     kl_roles: List[str] = field(default_factory=list)
     """Roles whose reward carries the KL term (Stage II: leader, answerer)."""
     critic_em: float = 0.3
@@ -251,9 +265,23 @@ def role_names() -> List[str]:
 @dataclass
 class TeacherConfig:
     path: str = ""
-    """Frozen teacher model (a Hugging Face directory, e.g. the Stage-I export); empty = no teacher."""
+    """Frozen OPD teacher pi_T (a Hugging Face directory): the Stage-I export, or pi_0 for
+    base_teacher. Empty = no teacher. Unless ``reference.path`` names another model, it is also
+    the KL reference (one model, loaded once)."""
     cpu_offload: bool = False
-    """Keep the teacher's sharded parameters on CPU between scoring passes."""
+    """Keep the teacher's (and the reference's) sharded parameters on CPU between scoring passes."""
+
+
+@dataclass
+class ReferenceConfig:
+    path: str = ""
+    """Frozen KL reference pi_ref (a Hugging Face directory) of the KL in reward
+    (``reward.kl_coef``) and of KL loss terms (``algo.<role>.kl_coef``). The paper's reference is
+    the Stage-I policy. Empty: the teacher (``teacher.path``), when ``from_teacher``."""
+    from_teacher: bool = True
+    """With ``path`` empty, use the OPD teacher as the reference (loaded once). base_teacher sets
+    false: its teacher is pi_0 while the reference stays the Stage-I model, so ``path`` must name
+    the Stage-I export."""
 
 
 @dataclass
@@ -328,11 +356,21 @@ class EvalConfig:
     """Question-bootstrap draws for intervals."""
     bootstrap_seed: int = 20260912
     """Seed of the bootstrap."""
+    dtype: str = "auto"
+    """Weight dtype of evaluation engines: auto = float16 on GPU (the paper evaluates with vLLM in
+    float16) and float32 on CPU; or float32, bfloat16, float16. Training keeps ``model.dtype``."""
 
     def __post_init__(self):
+        _choice("eval.dtype", self.dtype, DTYPES)
         _positive("eval.attempts", self.attempts)
         _positive("eval.answer_candidates", self.answer_candidates)
         _positive("eval.bootstrap_draws", self.bootstrap_draws)
+
+    def engine_dtype(self, cuda: bool) -> str:
+        """The dtype an evaluation engine loads its weights in, on a GPU (``cuda``) or a CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float16" if cuda else "float32"
 
 
 @dataclass
@@ -348,6 +386,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -362,12 +401,25 @@ class Config:
                 raise ConfigError(f"trainer.old_logprobs=rollout needs rollout.top_p=1 (got {self.rollout.top_p}): "
                                   "the engine records log-probs before the nucleus cut; use recompute")
 
+    def opd_roles(self) -> List[str]:
+        """Roles that learn from the OPD teacher (``teacher.path``)."""
+        return sorted(r for r in role_names() if self.algo.role(r).advantage == "opd")
+
+    def reference_roles(self) -> List[str]:
+        """Roles whose signal needs the KL reference's log-probs: KL in reward, or a KL loss term."""
+        need = set(self.reward.kl_roles) if self.reward.kl_coef > 0 else set()
+        return sorted(need | {r for r in role_names() if self.algo.role(r).kl_coef > 0})
+
     def teacher_roles(self) -> List[str]:
-        """Roles whose training signal needs teacher log-probs (OPD or KL in reward)."""
-        need = {r for r in role_names() if self.algo.role(r).advantage == "opd"}
-        if self.reward.kl_coef > 0:
-            need |= set(self.reward.kl_roles)
-        return sorted(need)
+        """Roles that need a frozen model's log-probs: the teacher's (OPD) or the reference's (KL)."""
+        return sorted(set(self.opd_roles()) | set(self.reference_roles()))
+
+    def reference_path(self) -> str:
+        """The KL reference's directory: ``reference.path``, else the teacher's (when
+        ``reference.from_teacher``); empty when there is none."""
+        if self.reference.path:
+            return self.reference.path
+        return self.teacher.path if self.reference.from_teacher else ""
 
     def check_trainable(self) -> None:
         """Checks that only matter when training starts (presets may leave paths empty)."""
@@ -375,10 +427,20 @@ class Config:
             raise ConfigError("model.path is empty: set model.path=DIR (a Hugging Face model directory)")
         if not self.data.train:
             raise ConfigError("data.train is empty: set data.train=FILE (FlashRAG jsonl or Search-R1 parquet)")
-        need = self.teacher_roles()
-        if need and not self.teacher.path:
-            raise ConfigError(f"{self.method}: roles {need} need teacher log-probs (OPD or KL in reward); "
+        if self.model.dtype == "float16":
+            raise ConfigError("model.dtype=float16 cannot train (no loss scaling): use bfloat16 (or auto); "
+                              "eval.dtype sets the evaluation precision")
+        opd = self.opd_roles()
+        if opd and not self.teacher.path:
+            raise ConfigError(f"{self.method}: roles {opd} learn by OPD and need teacher log-probs; "
                               "set teacher.path=DIR (the Stage-I export, or pi_0 for base_teacher)")
+        ref = self.reference_roles()
+        if ref and not self.reference_path():
+            if self.reference.from_teacher:
+                raise ConfigError(f"{self.method}: roles {ref} need KL-reference log-probs (KL in reward or a KL "
+                                  "loss term); set teacher.path=DIR or reference.path=DIR (the Stage-I export)")
+            raise ConfigError(f"{self.method}: roles {ref} keep the Stage-I model as their KL reference, which "
+                              "is not the teacher here; set reference.path=DIR (the Stage-I export)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,7 +462,7 @@ def _stage2_base(method: str, description: str, searcher: RoleLossConfig, search
     return Config(
         method=method,
         description=description,
-        rollout=RolloutConfig(workflow="hmas", max_steps=12, max_rounds=5),
+        rollout=RolloutConfig(workflow="hmas", max_steps=WORKFLOW_STEPS["hmas"], max_rounds=5),
         reward=RewardConfig(searcher=searcher_reward, leader="team_assign", kl_coef=1e-3,
                             kl_roles=["leader", "answerer"]),
         algo=AlgoConfig(searcher=searcher),
@@ -414,7 +476,7 @@ def cmas_rl() -> Config:
     return Config(
         method="cmas_rl",
         description="Stage I (C-MAS): role-wise GRPO on R_EM + 0.2 b_S (Searcher) and c_ij (Answerer); no teacher.",
-        rollout=RolloutConfig(workflow="cmas", max_steps=5),
+        rollout=RolloutConfig(workflow="cmas", max_steps=WORKFLOW_STEPS["cmas"]),
         reward=RewardConfig(searcher="team_bonus"),
     )
 
@@ -434,17 +496,22 @@ def outcome_searcher() -> Config:
     """Ablation: Searchers trained with GRPO on the team outcome instead of OPD."""
     c = _stage2_base("outcome_searcher",
                      "Ablation: H-MAS with Searchers on GRPO over R_EM (no teacher for the Searcher); "
-                     "KL in reward still needs teacher.path.",
+                     "KL in reward still needs the Stage-I model (teacher.path or reference.path).",
                      RoleLossConfig(advantage="outcome"), "team")
     return c
 
 
 @preset
 def base_teacher() -> Config:
-    """Ablation: OPD from the untrained base model pi_0 instead of the Stage-I teacher."""
-    return _stage2_base("base_teacher",
-                        "Ablation: OPD and KL from pi_0 (teacher.path = model.path) instead of Stage I.",
-                        RoleLossConfig(advantage="opd", opd_coef=0.01), "none")
+    """Ablation: OPD from the untrained base model pi_0 instead of the Stage-I teacher; the Leader
+    and Answerer keep the Stage-I model as KL reference (the paper: all variants retain the Leader
+    and Answerer objectives)."""
+    cfg = _stage2_base("base_teacher",
+                       "Ablation: Searcher OPD from pi_0 (teacher.path = model.path) instead of Stage I; the "
+                       "Leader/Answerer KL reference stays the Stage-I model (set reference.path).",
+                       RoleLossConfig(advantage="opd", opd_coef=0.01), "none")
+    cfg.reference.from_teacher = False
+    return cfg
 
 
 @preset
@@ -471,14 +538,14 @@ def prompted_critic() -> Config:
 def cmas_base() -> Config:
     """Untrained C-MAS baseline (evaluation only)."""
     return Config(method="cmas_base", description="Untrained pi_0 in the C-MAS workflow (evaluation only).",
-                  rollout=RolloutConfig(workflow="cmas", max_steps=5))
+                  rollout=RolloutConfig(workflow="cmas", max_steps=WORKFLOW_STEPS["cmas"]))
 
 
 @preset
 def hmas_base() -> Config:
     """Untrained H-MAS baseline (evaluation only)."""
     return Config(method="hmas_base", description="Untrained pi_0 in the H-MAS workflow (evaluation only).",
-                  rollout=RolloutConfig(workflow="hmas", max_steps=12, max_rounds=5))
+                  rollout=RolloutConfig(workflow="hmas", max_steps=WORKFLOW_STEPS["hmas"], max_rounds=5))
 
 
 # --------------------------------------------------------------------------------------------
@@ -594,6 +661,7 @@ def describe(cfg: Config) -> str:
         kl = f", KL in reward {cfg.reward.kl_coef}" if r in cfg.reward.kl_roles and cfg.reward.kl_coef else ""
         lines.append(f"  {r:9s} {sig}{kl}; pg={spec.pg_coef} entropy={spec.entropy_coef} kl_loss={spec.kl_coef}")
     lines.append(f"  teacher: {cfg.teacher.path or '(none)'}")
+    lines.append(f"  KL reference: {cfg.reference_path() or '(none)'}")
     return "\n".join(lines)
 
 
