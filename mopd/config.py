@@ -437,10 +437,11 @@ class Config:
         ref = self.reference_roles()
         if ref and not self.reference_path():
             if self.reference.from_teacher:
-                raise ConfigError(f"{self.method}: roles {ref} need KL-reference log-probs (KL in reward or a KL "
-                                  "loss term); set teacher.path=DIR or reference.path=DIR (the Stage-I export)")
-            raise ConfigError(f"{self.method}: roles {ref} keep the Stage-I model as their KL reference, which "
-                              "is not the teacher here; set reference.path=DIR (the Stage-I export)")
+                raise ConfigError(f"{self.method}: roles {ref} need KL-reference log-probs (KL in reward or "
+                                  "a KL loss term); set teacher.path=DIR or reference.path=DIR (the Stage-I "
+                                  "export)")
+            raise ConfigError(f"{self.method}: roles {ref} keep the Stage-I model as their KL reference, "
+                              "which is not the teacher here; set reference.path=DIR (the Stage-I export)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -195,7 +195,8 @@ def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: E
     if not hasattr(model_or_engine, "generate") or _is_module(model_or_engine):
         from mopd.rollout.engine import build_engine, evaluation_dtype
 
-        engine = build_engine(cfg.rollout, model_or_engine, tokenizer, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
+        dtype = evaluation_dtype(cfg.rollout, cfg.eval)
+        engine = build_engine(cfg.rollout, model_or_engine, tokenizer, dtype=dtype)
     if tokenizer is None:
         tokenizer = getattr(engine, "tokenizer", None)
     return run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_fn, progress=progress)

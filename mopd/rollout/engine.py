@@ -41,6 +41,14 @@ class Engine(Protocol):
         ...
 
 
+def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
+    """The weight dtype of an evaluation engine: ``eval.dtype``, whose auto is float16 on a GPU (as
+    the paper evaluates with vLLM; vLLM always runs on one) and float32 on a CPU."""
+    import torch
+
+    return eval_cfg.engine_dtype(cuda=rollout_cfg.engine == "vllm" or torch.cuda.is_available())
+
+
 def build_engine(rollout_cfg, model, tokenizer=None, *, dtype: str = "auto", device: Optional[str] = None):
     """The engine named by ``rollout_cfg.engine`` ('hf' or 'vllm') for a model path or module.
 

@@ -69,7 +69,8 @@ class HFEngine:
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         else:
-            torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+            torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                           "float16": torch.float16}[dtype]
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         model.eval()

@@ -1,0 +1,85 @@
+"""The OPD teacher and the KL reference: which model each role's signal comes from, loaded once."""
+
+import pytest
+import torch
+
+from mopd.config import ConfigError, resolve
+
+
+@pytest.fixture(scope="module")
+def stage1_dir(tmp_path_factory):
+    """A second tiny model with the same tokenizer and other weights (stands in for the Stage-I export)."""
+    from mopd.data.tiny_model import init_tiny_model
+
+    out = tmp_path_factory.mktemp("stage1")
+    return str(init_tiny_model(out, vocab_size=400, hidden=32, layers=1, heads=2, ffn=64, seed=1))
+
+
+def _cfg(preset, **over):
+    return resolve(preset, [f"{k}={v}" for k, v in over.items()])
+
+
+def _batch():
+    from mopd.train.packing import build_packed_batch
+
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(5, 300, (n,), generator=g).tolist() for n in (7, 4, 11)]
+    z = [[0.0] * len(s) for s in seqs]
+    return build_packed_batch(seqs, [[0] * len(s) for s in seqs], z, z)
+
+
+def _load(cfg, model_dir):
+    from transformers import AutoTokenizer
+
+    from mopd.train.teacher import load_frozen_models
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return load_frozen_models(cfg, student_tokenizer=tok, device=torch.device("cpu"))
+
+
+def _direct(path):
+    from transformers import AutoTokenizer
+
+    from mopd.train.teacher import Teacher
+
+    return Teacher(path, student_tokenizer=AutoTokenizer.from_pretrained(path), device=torch.device("cpu"))
+
+
+def test_base_teacher_scores_opd_with_pi0_and_keeps_the_stage1_reference(tiny_model_dir, stage1_dir, qa_file):
+    cfg = _cfg("base_teacher", **{"model.path": tiny_model_dir, "data.train": qa_file,
+                                  "teacher.path": tiny_model_dir, "reference.path": stage1_dir})
+    cfg.check_trainable()
+    assert (cfg.opd_roles(), cfg.reference_roles()) == (["searcher"], ["answerer", "leader"])
+    frozen = _load(cfg, tiny_model_dir)
+    b = _batch()
+    teacher, reference = frozen.teacher.logprobs(b), frozen.reference.logprobs(b)
+    assert torch.allclose(teacher, _direct(tiny_model_dir).logprobs(b))
+    assert torch.allclose(reference, _direct(stage1_dir).logprobs(b))
+    assert not torch.allclose(teacher, reference)
+
+
+def test_the_paper_presets_load_one_model_for_teacher_and_reference(tiny_model_dir, stage1_dir, qa_file):
+    cfg = _cfg("mopd", **{"model.path": tiny_model_dir, "data.train": qa_file, "teacher.path": stage1_dir})
+    assert cfg.reference_path() == stage1_dir
+    frozen = _load(cfg, tiny_model_dir)
+    assert frozen.teacher is frozen.reference and frozen.teacher.path == stage1_dir
+    # no OPD role: only the reference; Stage I: neither
+    cfg = _cfg("outcome_searcher", **{"model.path": tiny_model_dir, "data.train": qa_file,
+                                      "teacher.path": stage1_dir})
+    frozen = _load(cfg, tiny_model_dir)
+    assert frozen.teacher is None and frozen.reference.path == stage1_dir
+    assert _load(_cfg("cmas_rl"), tiny_model_dir) == (None, None)
+
+
+def test_missing_frozen_models_are_named(tiny_model_dir, qa_file):
+    base = {"model.path": tiny_model_dir, "data.train": qa_file}
+    with pytest.raises(ConfigError, match=r"reference\.path=DIR \(the Stage-I export\)"):
+        _cfg("base_teacher", **base, **{"teacher.path": tiny_model_dir}).check_trainable()
+    with pytest.raises(ConfigError, match=r"\['searcher'\] learn by OPD.*teacher\.path"):
+        _cfg("base_teacher", **base, **{"reference.path": tiny_model_dir}).check_trainable()
+    with pytest.raises(ConfigError, match="teacher.path=DIR or reference.path=DIR"):
+        _cfg("outcome_searcher", **base).check_trainable()
+    _cfg("outcome_searcher", **base, **{"reference.path": tiny_model_dir}).check_trainable()
+    # a KL loss term on a role needs the reference too
+    with pytest.raises(ConfigError, match=r"\['searcher'\] need KL-reference"):
+        _cfg("cmas_rl", **base, **{"algo.searcher.kl_coef": 0.1}).check_trainable()
