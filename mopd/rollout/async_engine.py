@@ -25,7 +25,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Deque, List, Optional, Protocol, Tuple
 
-from mopd.rollout.engine import Completion, GenerationRequest
+from mopd.core.generation import Completion, GenerationRequest
 from mopd.rollout.rollout_stats import BusyMeter
 
 

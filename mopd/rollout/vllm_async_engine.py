@@ -32,8 +32,8 @@ import time
 from concurrent.futures import Future
 from typing import Dict, List, Tuple
 
+from mopd.core.generation import GenerationRequest
 from mopd.rollout.async_engine import FrontClosed
-from mopd.rollout.engine import GenerationRequest
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.vllm_engine import completion_from_output
 
