@@ -36,7 +36,8 @@ class Teacher:
                     fully_shard(layer, offload_policy=CPUOffloadPolicy())
                 fully_shard(self.scorer, offload_policy=CPUOffloadPolicy())
             else:
-                shard_model(self.model, device, root=self.scorer)
+                shard_model(self.model, device, root=self.scorer, activation_checkpointing=False,
+                            reshard_root_after_forward=True)
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
