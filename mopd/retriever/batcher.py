@@ -1,10 +1,21 @@
-"""Micro-batching of concurrent search requests into one encoder + index call.
+"""Micro-batching of concurrent search requests, with large requests cut into slices.
 
-Requests wait in an asyncio queue. The worker takes the first one, then keeps collecting for at
-most ``max_wait_s`` (or until ``max_batch_queries`` queries are gathered), runs ONE search over all
-their queries with k = the largest topk asked, and hands each request its own rows cut to its own
-topk. While a batch computes, new requests pile up and form the next batch, so under load the
-wait costs nothing and 64 concurrent clients cost about one batched call instead of 64 serial ones.
+Requests wait in an ordered list. The worker takes what is waiting (after at most ``max_wait_s``
+for more to arrive, when little is waiting), runs ONE search over their queries with k = the
+largest topk asked, and hands each request its own rows cut to its own topk. While a batch
+computes, new requests pile up and form the next batch, so under load the wait costs nothing and 64
+concurrent clients cost about one batched call instead of 64 serial ones.
+
+Fairness: a request enters a batch one *slice* at a time; a batch takes one slice per waiting
+request, in order, within ``max_batch_work`` and ``max_batch_queries``, and a request with queries
+left goes to the back of the list. A one-query request is one slice, so it waits for at most the
+batch being computed plus its own; a 1,024-query request no longer holds everyone behind it for its
+whole search, it shares the worker round by round.
+
+Work is counted as an encoder pays for it: a batch is padded to its longest query, so its work is
+(number of queries) x (longest query's characters + ``QUERY_OVERHEAD``). A slice holds at most
+``slice_work`` of it, and a slice of long queries does not join a batch of short ones when the
+padding would take it over ``max_batch_work`` (it runs next, on its own).
 
 The search runs in a one-thread executor, so the event loop keeps accepting requests meanwhile and
 the encoder / index are never called from two threads at once. With ``enabled=False`` every request
@@ -26,11 +37,34 @@ import numpy as np
 SearchFn = Callable[[Sequence[str], int], tuple[np.ndarray, np.ndarray]]
 
 
+QUERY_OVERHEAD = 16
+"""Work of a query beyond its characters (tokenizer call, special tokens, one index row)."""
+
+
+def query_work(q: str) -> int:
+    return len(q) + QUERY_OVERHEAD
+
+
 @dataclass
 class _Pending:
     queries: list[str]
     k: int
     future: asyncio.Future
+    arrived: float
+    done: int = 0                       # queries searched so far
+    ids: list = field(default_factory=list)
+    scores: list = field(default_factory=list)
+
+    def next_slice(self, slice_work: int) -> tuple[int, int]:
+        """``(end, widest)`` of the next slice: at least one query, then as many as keep
+        (count x widest query work) within ``slice_work``."""
+        end, widest = self.done + 1, query_work(self.queries[self.done])
+        while end < len(self.queries):
+            w = max(widest, query_work(self.queries[end]))
+            if (end + 1 - self.done) * w > slice_work:
+                break
+            end, widest = end + 1, w
+        return end, widest
 
 
 @dataclass
@@ -40,21 +74,26 @@ class BatchStats:
     batches: int = 0
     largest_batch: int = 0
     errors: int = 0
+    sliced_requests: int = 0
     batch_sizes: list[int] = field(default_factory=list, repr=False)
 
 
 class MicroBatcher:
     def __init__(self, search: SearchFn, max_wait_s: float = 0.002, max_batch_queries: int = 512,
-                 enabled: bool = True):
+                 enabled: bool = True, slice_work: int = 1024, max_batch_work: int = 4096):
+        if slice_work < 1 or max_batch_work < slice_work or max_batch_queries < 1:
+            raise ValueError("need 1 <= slice_work <= max_batch_work and max_batch_queries >= 1")
         self.search, self.max_wait_s, self.max_batch_queries = search, max_wait_s, max_batch_queries
+        self.slice_work, self.max_batch_work = slice_work, max_batch_work
         self.enabled = enabled
         self.stats = BatchStats()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
-        self._queue: asyncio.Queue | None = None
+        self._waiting: list[_Pending] = []
+        self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._wakeup = asyncio.Event()
         if self.enabled:
             self._worker = asyncio.get_running_loop().create_task(self._run())
 
@@ -68,7 +107,7 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
     async def submit(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """ids [len(queries), k'] and scores of one request, once its batch has run."""
+        """ids [len(queries), k'] and scores of one request, once all its slices have run."""
         self.stats.requests += 1
         self.stats.queries += len(queries)
         loop = asyncio.get_running_loop()
@@ -76,7 +115,8 @@ class MicroBatcher:
             self._count_batch(len(queries))
             return await loop.run_in_executor(self._executor, self.search, queries, k)
         fut = loop.create_future()
-        await self._queue.put(_Pending(queries, k, fut))
+        self._waiting.append(_Pending(list(queries), k, fut, loop.time()))
+        self._wakeup.set()
         return await fut
 
     def _count_batch(self, n: int) -> None:
@@ -85,47 +125,64 @@ class MicroBatcher:
         if len(self.stats.batch_sizes) < 10000:
             self.stats.batch_sizes.append(n)
 
-    async def _collect(self) -> list[_Pending]:
+    async def _gather(self) -> None:
+        """Wait for a request, then up to ``max_wait_s`` after its arrival for others (unless a
+        full batch is already waiting)."""
+        while not self._waiting:
+            self._wakeup.clear()
+            await self._wakeup.wait()
         loop = asyncio.get_running_loop()
-        batch = [await self._queue.get()]
-        n = len(batch[0].queries)
-        deadline = loop.time() + self.max_wait_s
-        while n < self.max_batch_queries:
-            if not self._queue.empty():
-                item = self._queue.get_nowait()
-            else:
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), left)
-                except asyncio.TimeoutError:
-                    break
-            batch.append(item)
-            n += len(item.queries)
-        return batch
+        left = self._waiting[0].arrived + self.max_wait_s - loop.time()
+        waiting = sum(len(p.queries) - p.done for p in self._waiting)
+        if left > 0 and waiting < self.max_batch_queries:
+            await asyncio.sleep(left)
+
+    def _take(self) -> list[tuple[_Pending, int, int]]:
+        """One slice per waiting request, in order, within the batch's work and query limits."""
+        self._waiting = [p for p in self._waiting if not p.future.done()]  # clients that went away
+        parts, widest, n = [], 0, 0
+        for p in self._waiting:
+            end, w = p.next_slice(self.slice_work)
+            m, w = n + end - p.done, max(widest, w)
+            if parts and (m * w > self.max_batch_work or m > self.max_batch_queries):
+                continue     # a later, narrower slice may still fit; this one leads the next batch
+            parts.append((p, p.done, end))
+            widest, n = w, m
+        return parts
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
-            live = [p for p in batch if not p.future.done()]  # a client that went away is skipped
-            if not live:
+            await self._gather()
+            parts = self._take()
+            if not parts:
                 continue
-            queries = [q for p in live for q in p.queries]
-            k = max(p.k for p in live)
+            queries = [q for p, s, e in parts for q in p.queries[s:e]]
+            k = max(p.k for p, _, _ in parts)
             self._count_batch(len(queries))
             try:
                 ids, scores = await loop.run_in_executor(self._executor, self.search, queries, k)
-            except Exception as e:  # every waiting request gets the error; the worker goes on
+            except Exception as e:  # noqa: BLE001 (any index failure goes to the requests; the worker goes on)
                 self.stats.errors += 1
-                for p in live:
+                for p, _, _ in parts:
                     if not p.future.done():
                         p.future.set_exception(e)
+                self._waiting = [p for p in self._waiting if not p.future.done()]
                 continue
-            row = 0
-            for p in live:
-                n = len(p.queries)
-                if not p.future.done():
-                    p.future.set_result((ids[row:row + n, :p.k], scores[row:row + n, :p.k]))
+            row, served = 0, set()
+            for p, s, e in parts:
+                n = e - s
+                p.ids.append(ids[row:row + n, :p.k])
+                p.scores.append(scores[row:row + n, :p.k])
+                p.done = e
                 row += n
+                served.add(id(p))
+                if p.done == len(p.queries):
+                    if len(p.ids) > 1:
+                        self.stats.sliced_requests += 1
+                    if not p.future.done():
+                        p.future.set_result((np.concatenate(p.ids), np.concatenate(p.scores)))
+            # Requests with queries left go behind the ones this batch did not reach.
+            rest = [p for p in self._waiting if id(p) not in served]
+            again = [p for p, _, _ in parts if p.done < len(p.queries)]
+            self._waiting = rest + again

@@ -5,6 +5,11 @@ request has a timeout; connection errors, timeouts and 5xx/429 answers are retri
 backoff (``backoff_s * 2**attempt``, at most 10 s); after ``retries`` retries the client raises
 :class:`RetrieverUnavailable` naming the URL. A 4xx answer is the caller's mistake and is raised at
 once as :class:`RetrieverRequestError` with the server's message. Standard library only.
+
+Requests respect the server's default limits: at most ``max_queries_per_request`` queries and
+``max_results_per_request`` results (queries x k) each, queries cut to ``max_query_chars``
+characters (the encoder reads fewer tokens than that anyway). A blank query gets no passages
+without asking the server, which refuses blank queries.
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ class _Retryable(Exception):
 
 class HttpRetriever:
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout_s: float = 30.0, retries: int = 5,
-                 backoff_s: float = 0.5, max_queries_per_request: int = 512):
+                 backoff_s: float = 0.5, max_queries_per_request: int = 512,
+                 max_results_per_request: int = 8192, max_query_chars: int = 2048):
         self.url = url.rstrip("/")
         self.url = self.url.removesuffix("/retrieve")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.max_queries_per_request = max_queries_per_request
+        self.max_results_per_request = max_results_per_request
+        self.max_query_chars = max_query_chars
 
     def __repr__(self) -> str:
         return f"HttpRetriever({self.url!r})"
@@ -70,15 +78,17 @@ class HttpRetriever:
         return self._call("/health")
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        out: list[list[Passage]] = []
-        step = self.max_queries_per_request
-        for s in range(0, len(queries), step):
-            part = list(queries[s:s + step])
-            answer = self._call("/retrieve", {"queries": part, "topk": k, "return_scores": True})
+        out: list[list[Passage]] = [[] for _ in queries]
+        asked = [(i, q[:self.max_query_chars]) for i, q in enumerate(queries) if q.strip()]
+        step = max(1, min(self.max_queries_per_request, self.max_results_per_request // max(k, 1)))
+        for s in range(0, len(asked), step):
+            part = asked[s:s + step]
+            answer = self._call("/retrieve", {"queries": [q for _, q in part], "topk": k, "return_scores": True})
             result = answer.get("result") if isinstance(answer, dict) else None
             if not isinstance(result, list) or len(result) != len(part):
                 raise RetrieverUnavailable(f"{self.url}/retrieve answered without one result list per query")
-            out.extend(parse_result(r) for r in result)
+            for (i, _), r in zip(part, result, strict=True):
+                out[i] = parse_result(r)
         return out
 
 

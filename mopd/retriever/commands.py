@@ -41,9 +41,18 @@ def register(sub) -> None:
     s.add_argument("--topk", type=int, default=3, help="topk when a request gives none")
     s.add_argument("--max-topk", type=int, default=100)
     s.add_argument("--max-queries", type=int, default=1024, help="queries allowed in one request")
+    s.add_argument("--max-results", type=int, default=8192,
+                   help="queries x topk allowed in one request (bounds its work and answer size)")
+    s.add_argument("--max-query-chars", type=int, default=2048, help="characters allowed in one query")
     s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body accepted")
     s.add_argument("--max-wait-ms", type=float, default=2.0, help="micro-batching: longest wait for more requests")
     s.add_argument("--max-batch", type=int, default=512, help="micro-batching: most queries per batch")
+    s.add_argument("--slice-work", type=int, default=1024,
+                   help="fairness: a request enters a batch in slices of at most this much work (queries x "
+                        "longest query's characters), so a large request shares the worker with small ones "
+                        "instead of holding them; larger: faster large requests, slower small ones")
+    s.add_argument("--max-batch-work", type=int, default=4096,
+                   help="most work (queries x longest query's characters) in one encoder + index call")
     s.add_argument("--no-batching", action="store_true", help="one encoder + index call per request")
     s.set_defaults(func=_serve)
 
@@ -115,13 +124,23 @@ def _import(args) -> int:
 
 
 def _serve(args) -> int:
-    from mopd.retriever.server import ServerLimits, serve
+    from mopd.core.errors import UserError
+    from mopd.retriever.server import PortInUse, ServerLimits, check_port, serve
 
+    try:
+        limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
+                              max_results=args.max_results, max_query_chars=args.max_query_chars,
+                              max_body_bytes=int(args.max_body_mb * (1 << 20)))
+        check_port(args.host, args.port)      # before the index loads (minutes for wiki-18)
+    except (ValueError, PortInUse) as e:
+        raise UserError(str(e)) from None
     retriever = _run(lambda: _open(args))
-    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
-                          max_body_bytes=int(args.max_body_mb * (1 << 20)))
-    serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,
-          max_batch_queries=args.max_batch, batching=not args.no_batching)
+    try:
+        serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,
+              max_batch_queries=args.max_batch, batching=not args.no_batching, slice_work=args.slice_work,
+              max_batch_work=max(args.max_batch_work, args.slice_work))
+    except OSError as e:                      # taken between the check and the bind
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0
 
 

@@ -5,33 +5,57 @@ API (the same as Search-R1's ``retrieval_server.py``, so its clients work unchan
     POST /retrieve  {"queries": ["...", ...], "topk": 3, "return_scores": true}
       -> {"result": [[{"document": {"id": "12", "contents": "title\\ntext"}, "score": 0.83}, ...], ...]}
          (with "return_scores": false, the default, each item is the bare document)
-    GET /health     -> {"status": "ok", "index": ..., "requests": ..., "batches": ...}
+    GET /health     -> {"status": "ok", "index": ..., "requests": ..., "batches": ..., "limits": ...}
 
-Concurrent requests are micro-batched (:mod:`mopd.retriever.batcher`). Malformed requests get a
-4xx answer ``{"error": "..."}`` and never reach the batcher, so one bad client cannot stop others.
+Concurrent requests are micro-batched, large ones a slice at a time (:mod:`mopd.retriever.batcher`),
+so one large request cannot hold the others. The work of one request is bounded
+(:class:`ServerLimits`: queries, topk, queries x topk, characters per query, body size). Every error
+is JSON ``{"error": "..."}`` with a 4xx status for the client's mistakes (malformed, blank or
+over-long queries, too much work, unknown paths and methods) and 500 for the server's; a malformed
+request never reaches the batcher, so one bad client cannot stop others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
+import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
 from mopd.retriever.batcher import MicroBatcher
 
+log = logging.getLogger(__name__)
 BATCHER = web.AppKey("batcher", MicroBatcher)
 
 
 @dataclass
 class ServerLimits:
+    """What one request may ask for (each excess is a 400/413 naming the limit)."""
+
     default_topk: int = 3
+    """topk when a request gives none."""
     max_topk: int = 100
     max_queries: int = 1024
+    """Queries in one request."""
+    max_results: int = 8192
+    """queries x topk of one request: bounds its index work and the size of its answer."""
+    max_query_chars: int = 2048
+    """Characters of one query. Encoders read at most 256 (MiniLM) or 512 (E5) tokens, so a longer
+    query only costs tokenizer time (a 3 MB query took 6 s before this limit)."""
     max_body_bytes: int = 4 << 20
+
+    def __post_init__(self):
+        for name in ("default_topk", "max_topk", "max_queries", "max_results", "max_query_chars", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerLimits.{name} must be >= 1")
+        if not self.default_topk <= self.max_topk:
+            raise ValueError("ServerLimits.default_topk must be <= max_topk")
 
 
 class BadRequest(ValueError):
@@ -54,6 +78,10 @@ def parse_request(body: Any, limits: ServerLimits) -> tuple[list[str], int, bool
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise BadRequest(f"queries[{i}] is {type(q).__name__}; every query must be a string")
+        if not q.strip():
+            raise BadRequest(f"queries[{i}] is empty or blank; every query must have text")
+        if len(q) > limits.max_query_chars:
+            raise BadRequest(f"queries[{i}] has {len(q)} characters > {limits.max_query_chars} per query")
     topk = body.get("topk")
     if topk is None:
         topk = limits.default_topk
@@ -61,48 +89,83 @@ def parse_request(body: Any, limits: ServerLimits) -> tuple[list[str], int, bool
         raise BadRequest(f"'topk' must be an integer, not {topk!r}")
     if not 1 <= topk <= limits.max_topk:
         raise BadRequest(f"topk={topk} out of range [1, {limits.max_topk}]")
+    if len(queries) * topk > limits.max_results:
+        raise BadRequest(f"too much work: {len(queries)} queries x topk {topk} = {len(queries) * topk} results > "
+                         f"{limits.max_results} per request; send fewer queries per request or a smaller topk")
     scores = body.get("return_scores", False)
     if not isinstance(scores, bool):
         raise BadRequest(f"'return_scores' must be true or false, not {scores!r}")
     return queries, topk, scores
 
 
+def _error(status: int, msg: str, headers: dict | None = None):
+    return web.json_response({"error": msg}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """aiohttp's own errors (404, 405, ...) and unexpected failures as JSON, like ours."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        msg = f"{e.status} {e.reason}: {request.method} {request.path}"
+        if e.status == 404:
+            msg += " (the API is POST /retrieve and GET /health)"
+        elif e.status == 405:
+            msg += f" (allowed: {', '.join(sorted(getattr(e, 'allowed_methods', ()) or ()))})"
+        headers = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+        return _error(e.status, msg, headers)
+    except Exception as e:  # the server stays up and says what failed
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return _error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+def _answer(retriever, ids, scores, with_scores: bool) -> bytes:
+    result = []
+    for row_i, row_s in zip(ids, scores, strict=True):
+        docs = []
+        for i, s in zip(row_i, row_s, strict=True):
+            if i < 0:
+                continue
+            doc = retriever.corpus.document(int(i))
+            docs.append({"document": doc, "score": float(s)} if with_scores else doc)
+        result.append(docs)
+    return json.dumps({"result": result}).encode()
+
+
 def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float = 2.0,
-             max_batch_queries: int = 512, batching: bool = True):
+             max_batch_queries: int = 512, batching: bool = True, slice_work: int = 1024,
+             max_batch_work: int = 4096):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
     limits = limits or ServerLimits()
-    batcher = MicroBatcher(retriever.search_rows, max_wait_ms / 1000.0, max_batch_queries, enabled=batching)
-
-    def error(status: int, msg: str):
-        return web.json_response({"error": msg}, status=status)
+    batcher = MicroBatcher(retriever.search_rows, max_wait_ms / 1000.0, max_batch_queries, enabled=batching,
+                           slice_work=slice_work, max_batch_work=max_batch_work)
 
     async def retrieve(request: web.Request):
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return error(413, f"body too large: limit is {limits.max_body_bytes} bytes")
+            return _error(413, f"body too large: limit is {limits.max_body_bytes} bytes")
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return error(400, f"the body is not valid JSON: {e}")
+            return _error(400, f"the body is not valid JSON: {e}")
+        except RecursionError:
+            return _error(400, "the body is not valid JSON for this API: nested too deeply")
         try:
             queries, topk, with_scores = parse_request(body, limits)
         except BadRequest as e:
-            return error(400, str(e))
+            return _error(400, str(e))
         try:
             ids, scores = await batcher.submit(queries, topk)
-            result = []
-            for row_i, row_s in zip(ids, scores):
-                docs = []
-                for i, s in zip(row_i, row_s):
-                    if i < 0:
-                        continue
-                    doc = retriever.corpus.document(int(i))
-                    docs.append({"document": doc, "score": float(s)} if with_scores else doc)
-                result.append(docs)
-        except Exception as e:  # an index or corpus failure: the server stays up
-            return error(500, f"retrieval failed: {type(e).__name__}: {e}")
-        return web.json_response({"result": result})
+            # Documents and JSON off the event loop: a large answer must not pause the other clients.
+            payload = await asyncio.get_running_loop().run_in_executor(
+                None, _answer, retriever, ids, scores, with_scores)
+        except Exception as e:  # noqa: BLE001 (an index or corpus failure: the server stays up)
+            return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
+        return web.Response(body=payload, content_type="application/json")
 
     async def health(request: web.Request):
         s = batcher.stats
@@ -110,7 +173,8 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
         return web.json_response({
             "status": "ok", "index": meta.describe(), "kind": retriever.kind, "encoder": meta.encoder,
             "num_passages": len(retriever), "batching": batcher.enabled, "requests": s.requests,
-            "queries": s.queries, "batches": s.batches, "largest_batch": s.largest_batch, "errors": s.errors})
+            "queries": s.queries, "batches": s.batches, "largest_batch": s.largest_batch, "errors": s.errors,
+            "sliced_requests": s.sliced_requests, "limits": dataclasses.asdict(limits)})
 
     async def on_startup(app):
         await batcher.start()
@@ -118,13 +182,28 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
     async def on_cleanup(app):
         await batcher.stop()
 
-    app = web.Application(client_max_size=limits.max_body_bytes)
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[json_errors])
     app[BATCHER] = batcher
     app.router.add_post("/retrieve", retrieve)
     app.router.add_get("/health", health)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+class PortInUse(OSError):
+    """The server's address is taken (checked before the index loads)."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise :class:`PortInUse` if ``host:port`` cannot be bound now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as aiohttp binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror or e} (another server running? "
+                            "choose another --port)") from None
 
 
 def serve(retriever, host: str = "127.0.0.1", port: int = 8000, **kwargs) -> None:
@@ -167,7 +246,7 @@ class ServerThread:
 
         try:
             loop.run_until_complete(up())
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 (handed to the caller of start())
             self._error = e
             self._ready.set()
             return
@@ -188,7 +267,7 @@ class ServerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -29,7 +29,8 @@ def flat_retriever(built):
 
 @pytest.fixture(scope="module")
 def server(flat_retriever):
-    limits = ServerLimits(max_topk=50, max_queries=64, max_body_bytes=64 << 10)
+    limits = ServerLimits(max_topk=50, max_queries=64, max_results=400, max_query_chars=1000,
+                          max_body_bytes=64 << 10)
     with ServerThread(flat_retriever, limits=limits, max_wait_ms=20) as srv:
         yield srv
 
@@ -104,6 +105,12 @@ BAD = [
     (b'{"queries": ["a"], "return_scores": "yes"}', 400, "return_scores"),
     (json.dumps({"queries": ["q"] * 65}).encode(), 400, "too many queries"),
     (json.dumps({"queries": ["x" * (70 << 10)]}).encode(), 413, "too large"),
+    (b'{"queries": ["ok", ""]}', 400, "queries\\[1\\] is empty or blank"),
+    (b'{"queries": [" \\t\\n "]}', 400, "queries\\[0\\] is empty or blank"),
+    (json.dumps({"queries": ["x" * 1001]}).encode(), 400, "1001 characters > 1000"),
+    (json.dumps({"queries": ["q"] * 10, "topk": 50}).encode(), 400, "too much work: 10 queries x topk 50"),
+    (b"[" * 50000, 400, "nested too deeply"),
+    (b'{"queries": ' + b"[" * 50000, 400, "nested too deeply|not valid JSON"),
 ]
 
 
@@ -156,9 +163,8 @@ def test_server_errors_are_retried_then_succeed(built):
     with ServerThread(_Flaky(inner, 2)) as srv:
         got = HttpRetriever(srv.url, retries=3, backoff_s=0.01).search(["copper market"], 2)
         assert [p.id for p in got[0]] == [p.id for p in inner.search(["copper market"], 2)[0]]
-    with ServerThread(_Flaky(inner, 5)) as srv:
-        with pytest.raises(RetrieverUnavailable, match="HTTP 500.*index hiccup"):
-            HttpRetriever(srv.url, retries=1, backoff_s=0.01).search(["x"], 1)
+    with ServerThread(_Flaky(inner, 5)) as srv, pytest.raises(RetrieverUnavailable, match="HTTP 500.*index hiccup"):
+        HttpRetriever(srv.url, retries=1, backoff_s=0.01).search(["x"], 1)
 
 
 def test_no_batching_mode_serves_too(built):
@@ -219,3 +225,140 @@ def test_micro_batcher_respects_max_batch_and_propagates_errors():
     assert max(sizes[:-2]) <= 12 and sum(sizes[:-2]) == 36  # a batch stops once it reaches 10 queries
     assert all(np.array_equal(ids, _fake_search([str(i)] * 3, 2)[0]) for i, (ids, _) in enumerate(ok))
     assert after[0].tolist() == [[700]]
+
+
+def _get(url, method="GET"):
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, json.loads(e.read())
+
+
+def test_unknown_paths_and_methods_answer_json(server):
+    status, headers, body = _get(server.url + "/nope")
+    assert status == 404 and "POST /retrieve" in body["error"] and headers["Content-Type"].startswith("application/json")
+    status, headers, body = _get(server.url + "/retrieve")        # GET on a POST route
+    assert status == 405 and "POST" in body["error"] and "POST" in headers["Allow"]
+    status, _, body = _get(server.url + "/health", method="DELETE")
+    assert status == 405 and "GET" in body["error"]
+
+
+def test_port_in_use_is_found_before_the_index_loads(tmp_path, capsys):
+    import socket
+
+    from mopd.cli import main
+    from mopd.retriever.server import PortInUse, check_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"127.0.0.1:{port}"):
+            check_port("127.0.0.1", port)
+        # the index does not exist: had it been opened first, the error would be about the index
+        assert main(["retriever", "serve", "--index", str(tmp_path / "none"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err and err.count("\n") == 1
+    check_port("127.0.0.1", port)   # free again
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="max_results"):
+        ServerLimits(max_results=0)
+    with pytest.raises(ValueError, match="default_topk"):
+        ServerLimits(default_topk=5, max_topk=3)
+
+
+def test_client_skips_blank_queries_cuts_long_ones_and_splits_by_results(server, flat_retriever):
+    c = HttpRetriever(server.url, retries=0, max_results_per_request=8, max_query_chars=1000)
+    before = c.health()["requests"]
+    qs = ["copper market", "   ", "plum wine", "x" * 5000, "white roofs"]
+    got = c.search(qs, 4)               # 4 non-blank queries, 2 per request (8 results / k=4)
+    assert c.health()["requests"] - before == 2        # /retrieve requests (health is not counted)
+    assert got[1] == [] and all(len(r) == 4 for i, r in enumerate(got) if i != 1)
+    local = flat_retriever.search(["copper market", "plum wine", "x" * 1000, "white roofs"], 4)
+    assert [[p.id for p in r] for i, r in enumerate(got) if i != 1] == [[p.id for p in r] for r in local]
+
+
+def test_large_request_is_sliced_and_small_ones_finish_first():
+    """One request of 60 queries and, once it is running, five one-query requests: the small ones
+    are served between the large one's slices (before, the large one ran as one call first)."""
+    calls, done = [], []
+
+    def search(queries, k):
+        calls.append(list(queries))
+        import time
+
+        time.sleep(0.01)     # a search takes a while, so the small requests arrive mid-way
+        return _fake_search(queries, k)
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.0, max_batch_queries=1000, slice_work=10 * 18, max_batch_work=1000)
+        await b.start()
+        large = [str(i) for i in range(100, 160)]          # work 3 + 16 = 19 each: 9 per slice of 180
+
+        async def tracked(name, qs, k):
+            out = await b.submit(qs, k)
+            done.append(name)
+            return out
+
+        big = asyncio.ensure_future(tracked("large", large, 2))
+        while not calls:
+            await asyncio.sleep(0.001)
+        small = [asyncio.ensure_future(tracked(f"s{i}", [str(i)], 1)) for i in range(5)]
+        out = await asyncio.gather(big, *small)
+        await b.stop()
+        return out, b.stats
+
+    out, stats = asyncio.run(main())
+    assert done[-1] == "large" and set(done[:-1]) == {f"s{i}" for i in range(5)}
+    assert stats.sliced_requests == 1 and len(calls) >= 60 // 9
+    for c in calls:                                     # at most one slice of the large request per call
+        assert sum(q.isdigit() and int(q) >= 100 for q in c) <= 9
+    np.testing.assert_array_equal(out[0][0], _fake_search([str(i) for i in range(100, 160)], 2)[0])
+    for i, (ids, _) in enumerate(out[1:]):
+        np.testing.assert_array_equal(ids, _fake_search([str(i)], 1)[0])
+
+
+def test_many_large_requests_share_batches_round_robin():
+    sizes = []
+
+    def search(queries, k):
+        sizes.append(len(queries))
+        return _fake_search(queries, k)
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=1000, slice_work=5 * 17, max_batch_work=10 * 17)
+        await b.start()
+        reqs = [[str(100 * r + j) for j in range(20)] for r in range(4)]
+        out = await asyncio.gather(*(b.submit(q, 1) for q in reqs))
+        await b.stop()
+        return reqs, out
+
+    reqs, out = asyncio.run(main())
+    assert max(sizes) <= 10 and sum(sizes) == 80      # the batch work cap holds: two slices of 5 per call
+    for q, (ids, _) in zip(reqs, out):
+        np.testing.assert_array_equal(ids, _fake_search(q, 1)[0])
+
+
+def test_long_queries_are_not_padded_into_a_batch_of_short_ones():
+    calls = []
+
+    def search(queries, k):
+        calls.append([len(q) for q in queries])
+        return np.zeros((len(queries), k), np.int64), np.zeros((len(queries), k), np.float32)
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=1000, slice_work=400, max_batch_work=400)
+        await b.start()
+        long_req = b.submit(["x" * 300, "y" * 300], 1)
+        out = await asyncio.gather(long_req, *(b.submit([str(i)], 1) for i in range(10)))
+        await b.stop()
+        return out
+
+    out = asyncio.run(main())
+    assert [len(ids) for ids, _ in out] == [2] + [1] * 10
+    assert sorted(map(len, calls)) == [1, 1, 10]           # two slices of one long query, one batch of ten short
+    assert all(max(c) < 300 or min(c) == 300 for c in calls)
