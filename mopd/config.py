@@ -5,6 +5,9 @@ A run is described by one :class:`Config`. Presets are plain Python functions th
 (``trainer.lr=2e-6`` or ``--trainer.lr 2e-6``), and a whole config can be loaded from YAML.
 Typing and unknown keys are checked by OmegaConf's structured configs; the ranges and the
 cross-field rules are checked in each dataclass's ``__post_init__``.
+
+The presets follow the paper; every place where they (or the tiny presets) depart from it is
+listed, with its reason, in ``docs/method.md``.
 """
 
 from __future__ import annotations
