@@ -80,6 +80,18 @@ def lm_head_weight(model: nn.Module) -> torch.Tensor:
     return model.get_output_embeddings().weight
 
 
+def flash_varlen_kwargs(batch: PackedBatch) -> dict:
+    """The sequence boundaries in the form transformers hands straight to ``flash_attn_varlen_func``.
+
+    Given only ``position_ids``, every attention layer re-derives ``cu_seqlens`` and the maximum
+    length from them, a device-to-host copy per layer (36 per forward for Qwen3-4B). Here the
+    maximum is read once per micro-batch (from host memory when the batch is still there).
+    """
+    cu = batch.cu_seqlens.to(device=batch.input_ids.device, dtype=torch.int32)
+    max_len = int((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).max())
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
+
+
 def packed_hidden(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
     """Final hidden states [L, H] of a packed micro-batch, each sequence attending only to itself.
 
@@ -90,7 +102,8 @@ def packed_hidden(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
     """
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     if impl == "flash_attention_2":
-        out = model.model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False)
+        out = model.model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
+                          **flash_varlen_kwargs(batch))
         return out.last_hidden_state[0]
     lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
     if len(lengths) == 1:
