@@ -68,8 +68,10 @@ def check_retriever(cfg) -> None:
 def check_training_inputs(cfg) -> None:
     """Everything above for a training config (model, teacher, train and dev data, retriever)."""
     check_model_path("model.path", cfg.model.path)
-    if cfg.teacher_roles():
+    if cfg.opd_roles():
         check_model_path("teacher.path", cfg.teacher.path)
+    if cfg.reference_roles():
+        check_model_path("reference.path" if cfg.reference.path else "teacher.path", cfg.reference_path())
     check_questions("data.train", cfg.data.train, cfg.data.skip_malformed)
     if cfg.data.dev:
         check_questions("data.dev", cfg.data.dev, cfg.data.skip_malformed)

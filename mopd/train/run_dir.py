@@ -70,6 +70,8 @@ def run_identity(cfg) -> dict:
     ident = {"config": conf, "model": model_fingerprint(cfg.model.path)}
     teacher = conf.get("teacher.path") or ""
     ident["teacher"] = model_fingerprint(teacher) if teacher else None
+    reference = conf.get("reference.path") or ""
+    ident["reference"] = model_fingerprint(reference) if reference else None
     ident["data"] = {"train": data_fingerprint(conf.get("data.train") or ""),
                      "dev": data_fingerprint(conf.get("data.dev") or "")}
     return ident
@@ -78,7 +80,7 @@ def run_identity(cfg) -> dict:
 def _comparable(ident: dict) -> dict:
     """One flat dict of everything compared on resume."""
     out = {k: v for k, v in ident.get("config", {}).items() if k not in NEVER_COMPARED}
-    for name in ("model", "teacher"):
+    for name in ("model", "teacher", "reference"):
         fp = ident.get(name)
         if fp:
             out[f"{name}.resolved_path"] = fp.get("path")
@@ -112,7 +114,7 @@ def _short(v) -> str:
     return s if len(s) <= 60 else s[:28] + "..." + s[-28:]
 
 
-IDENTITY_FIRST = ("method", "model.", "teacher.", "data.")
+IDENTITY_FIRST = ("method", "model.", "teacher.", "reference.", "data.")
 
 
 def describe(diff: dict, most: int = 12) -> str:

@@ -83,3 +83,19 @@ def test_missing_frozen_models_are_named(tiny_model_dir, qa_file):
     # a KL loss term on a role needs the reference too
     with pytest.raises(ConfigError, match=r"\['searcher'\] need KL-reference"):
         _cfg("cmas_rl", **base, **{"algo.searcher.kl_coef": 0.1}).check_trainable()
+
+
+def test_preflight_and_run_identity_know_the_reference(tiny_model_dir, stage1_dir, qa_file, tmp_path):
+    from mopd.train.preflight import PreflightError, check_training_inputs
+    from mopd.train.run_dir import identity_differences, run_identity
+
+    base = {"model.path": tiny_model_dir, "data.train": qa_file}
+    check_training_inputs(_cfg("outcome_searcher", **base, **{"reference.path": stage1_dir}))
+    with pytest.raises(PreflightError, match="reference.path=.*does not exist"):
+        check_training_inputs(_cfg("base_teacher", **base, **{"teacher.path": tiny_model_dir,
+                                                               "reference.path": str(tmp_path / "nowhere")}))
+    a = run_identity(_cfg("base_teacher", **base, **{"teacher.path": tiny_model_dir, "reference.path": stage1_dir}))
+    b = run_identity(_cfg("base_teacher", **base, **{"teacher.path": tiny_model_dir,
+                                                     "reference.path": tiny_model_dir}))
+    refused, _ = identity_differences(a, b)
+    assert {"reference.path", "reference.resolved_path", "reference.weights"} <= set(refused)
