@@ -3,7 +3,7 @@
 DESIGN §7 (CPU): peak memory at most 1/4 of the naive path (materialised logits), time at most 1.2x.
 Two operations, each at T=4096, H=512, V=32768 and at a larger T=8192, H=256, V=50257 (fp32):
 
-- ``loss``: ``fused_linear_policy_loss`` forward + backward (three roles, entropy and KL terms);
+- ``loss``: ``FusedLinearPolicyLoss`` forward + backward (three roles, entropy and KL terms);
 - ``scoring``: ``linear_logprobs`` under ``torch.no_grad`` (the pi_old / teacher pass).
 
 pytest-benchmark (``.venv/bin/pytest -q bench/bench_kernels.py --benchmark-only``) times each
@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 
-from mopd.kernels import RoleSpec, fused_linear_policy_loss, linear_logprobs
+from mopd.kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
 from mopd.kernels.memtrack import TensorMemoryTracker
 
 SHAPES = {"base": (4096, 512, 32768), "large": (8192, 256, 50257)}
@@ -58,11 +58,12 @@ def op_fn(op, backend, inp):
     h = inp["hidden"].clone().requires_grad_(True)
     w = inp["weight"].clone().requires_grad_(True)
 
+    inputs = LossInputs(inp["roles"], inp["old_logp"], inp["advantages"], inp["teacher_logp"], inp["ref_logp"])
+    loss_fn = FusedLinearPolicyLoss(PolicyLossSettings(SPECS, backend=backend))
+
     def loss_fwd_bwd():
         h.grad = w.grad = None
-        loss, _ = fused_linear_policy_loss(h, w, inp["targets"], inp["old_logp"], inp["advantages"],
-                                           inp["roles"], SPECS, teacher_logp=inp["teacher_logp"],
-                                           ref_logp=inp["ref_logp"], backend=backend)
+        loss, _ = loss_fn(h, w, inp["targets"], inputs)
         loss.backward()
     return loss_fwd_bwd
 

@@ -58,6 +58,9 @@ if ARGS.dry_run:
 import torch  # noqa: E402
 
 from mopd.kernels import (  # noqa: E402
+    FusedLinearPolicyLoss,
+    LossInputs,
+    PolicyLossSettings,
     RoleSpec,
     fused_linear_policy_loss,
     linear_logprobs,
@@ -117,12 +120,15 @@ def make_inputs(T, H, V, dtype, device, seed=0, ignored_frac=0.2):
                 ref_logp=logp + 0.1 * torch.randn(T, generator=g).to(device))
 
 
-def loss_fwd_bwd(inp, backend, **kw):
+def loss_inputs(inp):
+    return LossInputs(inp["roles"], inp["old_logp"], inp["advantages"], inp["teacher_logp"], inp["ref_logp"])
+
+
+def loss_fwd_bwd(inp, backend, **settings):
     h = inp["hidden"].detach().requires_grad_(True)
     w = inp["weight"].detach().requires_grad_(True)
-    loss, stats = fused_linear_policy_loss(h, w, inp["targets"], inp["old_logp"], inp["advantages"],
-                                           inp["roles"], SPECS, teacher_logp=inp["teacher_logp"],
-                                           ref_logp=inp["ref_logp"], backend=backend, **kw)
+    loss, stats = fused_linear_policy_loss(h, w, inp["targets"], loss_inputs(inp),
+                                           PolicyLossSettings(SPECS, backend=backend, **settings))
     loss.backward()
     return loss.detach(), h.grad, w.grad, stats
 
@@ -296,11 +302,13 @@ def run_timings(device, T, H, V, timer, summary):
     buf.clear()  # free the [T, V] buffer before the fused runs
     checkpoint()
 
-    def fused(backend, **kw):
+    inputs = loss_inputs(inp)
+
+    def fused(backend):
+        loss_fn = FusedLinearPolicyLoss(PolicyLossSettings(SPECS, backend=backend))
+
         def fn():
-            loss, _ = fused_linear_policy_loss(h, w, inp["targets"], inp["old_logp"], inp["advantages"],
-                                               inp["roles"], SPECS, teacher_logp=inp["teacher_logp"],
-                                               ref_logp=inp["ref_logp"], backend=backend, **kw)
+            loss, _ = loss_fn(h, w, inp["targets"], inputs)
             loss.backward()
         return fn
 

@@ -28,12 +28,15 @@ retrieved passages and padding cost neither matmuls nor softmax work.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 
+from mopd.kernels.inputs import LossInputs
+from mopd.kernels.settings import PolicyLossSettings
 from mopd.kernels.terms import token_terms
 
 DEFAULT_BUDGET_MB = {"cpu": 128, "cuda": 512}
@@ -60,6 +63,20 @@ def chunk_rows_for(n_rows: int, V: int, bytes_per_logit: int, device: torch.devi
 # ---------------------------------------------------------------------------------------------
 # The pure-torch row pass
 # ---------------------------------------------------------------------------------------------
+
+
+class ChunkSoftmax(NamedTuple):
+    """The softmax of one logits chunk as ``TorchRowPass`` computes it (fp32; [C, V] or [C])."""
+
+    L: torch.Tensor       # [C, V] s - m (a work buffer, or the chunk itself for fp32 inputs)
+    E: torch.Tensor       # [C, V] exp(s - m) (a work buffer)
+    m: torch.Tensor       # row max of s
+    d: torch.Tensor       # sum exp(s - m)
+    log_d: torch.Tensor
+    logp: torch.Tensor    # log-prob of the target, 0 where the target is outside [0, V)
+    entropy: torch.Tensor
+    valid: torch.Tensor   # target inside [0, V)
+    safe: torch.Tensor    # [C, 1] int64 target index (0 where not valid)
 
 
 class TorchRowPass:
@@ -97,7 +114,7 @@ class TorchRowPass:
             L.mul_(inv_t)
         return L
 
-    def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t: float):
+    def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t: float) -> "ChunkSoftmax":
         L = self._shifted(z, inv_t)
         m = L.amax(dim=1)
         L.sub_(m.unsqueeze(1))  # L = s - m
@@ -111,13 +128,13 @@ class TorchRowPass:
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
         picked = L.gather(1, safe).squeeze(1) - log_d
         logp = torch.where(valid, picked, torch.zeros_like(picked))
-        return L, E, m, d, log_d, logp, entropy, valid, safe
+        return ChunkSoftmax(L, E, m, d, log_d, logp, entropy, valid, safe)
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
-        _, _, m, _, log_d, logp, entropy, _, _ = self._softmax(z, targets, inv_t)
-        out_logp.copy_(logp)
-        out_entropy.copy_(entropy)
-        out_lse.copy_(m + log_d)
+        sm = self._softmax(z, targets, inv_t)
+        out_logp.copy_(sm.logp)
+        out_entropy.copy_(sm.entropy)
+        out_lse.copy_(sm.m + sm.log_d)
 
     def _finish(self, z, E, g_logp, valid, safe):
         """Add ``g_logp`` at the target and hand back the gradient in the matmul dtype."""
@@ -126,29 +143,28 @@ class TorchRowPass:
             return E
         return z.copy_(E)
 
-    def policy_loss(self, z, targets, inv_t, out_logp, out_entropy, write_grad, old_logp, advantages,
-                    role, table, teacher_logp, ref_logp, clip_low, clip_high, dual_clip, has_entropy_term):
-        L, E, _, d, log_d, logp, entropy, valid, safe = self._softmax(z, targets, inv_t)
-        out_logp.copy_(logp)
-        out_entropy.copy_(entropy)
+    def policy_loss(self, z, targets, inputs: LossInputs, settings: PolicyLossSettings, out_logp, out_entropy,
+                    write_grad: bool):
+        """Log-probs and entropies of the chunk into ``out_*``; with ``write_grad``, the logits
+        gradient of the chunk's summed token losses (``inputs`` are the chunk's rows)."""
+        sm = self._softmax(z, targets, 1.0 / settings.temperature)
+        out_logp.copy_(sm.logp)
+        out_entropy.copy_(sm.entropy)
         if not write_grad:
             return None
-        t = token_terms(logp, entropy, old_logp, advantages, role, table, teacher_logp, ref_logp,
-                        clip_low, clip_high, dual_clip)
-        return self._grad_from_shifted(z, L, E, d, log_d, entropy, t["g_logp"], t["g_entropy"], valid, safe,
-                                       has_entropy_term)
+        t = token_terms(sm.logp, sm.entropy, inputs, settings)
+        return self._grad_from_shifted(z, sm, t["g_logp"], t["g_entropy"], settings.has_entropy_term)
 
-    def _grad_from_shifted(self, z, L, E, d, log_d, entropy, g_logp, g_entropy, valid, safe,
-                           has_entropy_term):
+    def _grad_from_shifted(self, z, sm: "ChunkSoftmax", g_logp, g_entropy, has_entropy_term: bool):
         # dlogits_j = e_j / d * (a + b (s_j - m)),  a = -g_logp - g_H (H - log d),  b = -g_H
-        a = (-g_logp - g_entropy * (entropy - log_d)) / d
+        a = (-g_logp - g_entropy * (sm.entropy - sm.log_d)) / sm.d
         if has_entropy_term:
-            b = -g_entropy / d
-            L.mul_(b.unsqueeze(1)).add_(a.unsqueeze(1))
-            E.mul_(L)
+            b = -g_entropy / sm.d
+            sm.L.mul_(b.unsqueeze(1)).add_(a.unsqueeze(1))
+            sm.E.mul_(sm.L)
         else:
-            E.mul_(a.unsqueeze(1))
-        return self._finish(z, E, g_logp, valid, safe)
+            sm.E.mul_(a.unsqueeze(1))
+        return self._finish(z, sm.E, g_logp, sm.valid, sm.safe)
 
     def logprobs_grad(self, z, targets, inv_t, lse, entropy, g_logp, g_entropy):
         # dlogits_j = p_j (-g_logp - g_H (log p_j + H)) + g_logp [j == y],  log p_j = s_j - lse
@@ -169,11 +185,44 @@ class TorchRowPass:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ChunkLoop:
+    """How a chunk loop walks the rows: the row pass it runs on each logits chunk, the temperature
+    and the rows per chunk (None: from the memory budget, ``chunk_rows_for``)."""
+
+    row_pass: Any  # TorchRowPass or triton_kernels.TritonRowPass
+    temperature: float
+    chunk_rows: Optional[int] = None
+
+    @property
+    def inv_t(self) -> float:
+        return 1.0 / self.temperature
+
+    def rows_per_chunk(self, n_rows: int, hidden: torch.Tensor, V: int) -> int:
+        return chunk_rows_for(n_rows, V, self.row_pass.bytes_per_logit(hidden.dtype), hidden.device,
+                              self.chunk_rows)
+
+
+@dataclass(frozen=True)
+class GradRequest:
+    """Which gradients a pass writes, and their scale."""
+
+    hidden: bool
+    weight: bool
+    scale: Optional[float] = 1.0
+    """The gradients are of ``scale * (the summed objective)``; None (the loss pass only) means
+    ``1 / (number of trained rows)``, the default token mean."""
+
+    @property
+    def any(self) -> bool:
+        return self.hidden or self.weight
+
+
 def _logits_buffer(rows: int, V: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(rows, V, dtype=like.dtype, device=like.device)
 
 
-def logprobs_forward(hidden, weight, targets, temperature: float, row_pass, chunk_rows: Optional[int] = None):
+def logprobs_forward(hidden, weight, targets, loop: ChunkLoop):
     """``(logp, entropy, lse)`` fp32 [T] of every row, chunk by chunk."""
     T, V = hidden.shape[0], weight.shape[0]
     logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
@@ -181,43 +230,44 @@ def logprobs_forward(hidden, weight, targets, temperature: float, row_pass, chun
     lse = torch.empty_like(logp)
     if T == 0:
         return logp, entropy, lse
-    C = chunk_rows_for(T, V, row_pass.bytes_per_logit(hidden.dtype), hidden.device, chunk_rows)
+    C = loop.rows_per_chunk(T, hidden, V)
     buf = _logits_buffer(C, V, hidden)
-    inv_t = 1.0 / temperature
     wt = weight.t()
     for s in range(0, T, C):
         e = min(T, s + C)
         z = torch.mm(hidden[s:e], wt, out=buf[: e - s])
-        row_pass.stats(z, targets[s:e], inv_t, logp[s:e], entropy[s:e], lse[s:e])
+        loop.row_pass.stats(z, targets[s:e], loop.inv_t, logp[s:e], entropy[s:e], lse[s:e])
     return logp, entropy, lse
 
 
-def logprobs_backward(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy, temperature: float,
-                      row_pass, need_hidden: bool, need_weight: bool, chunk_rows: Optional[int] = None):
-    """Gradients of ``sum(grad_logp * logp + grad_entropy * entropy)`` w.r.t. hidden and weight.
+def logprobs_backward(grad_outputs: Tuple[torch.Tensor, torch.Tensor], hidden, weight, targets, lse, entropy,
+                      loop: ChunkLoop, grads: GradRequest):
+    """Gradients of ``scale * sum(grad_logp * logp + grad_entropy * entropy)`` w.r.t. hidden and
+    weight, ``grad_outputs = (grad_logp, grad_entropy)``; None for a gradient not requested.
 
     Recomputes each logits chunk (one matmul) and turns it into dlogits with the saved ``lse``/``H``.
     """
     T, V = hidden.shape[0], weight.shape[0]
-    grad_h = torch.zeros_like(hidden) if need_hidden else None
-    grad_w = torch.zeros_like(weight) if need_weight else None
-    if T == 0 or not (need_hidden or need_weight):
+    grad_h = torch.zeros_like(hidden) if grads.hidden else None
+    grad_w = torch.zeros_like(weight) if grads.weight else None
+    if T == 0 or not grads.any:
         return grad_h, grad_w
-    g_logp = grad_logp.float()
-    g_ent = grad_entropy.float()
-    C = chunk_rows_for(T, V, row_pass.bytes_per_logit(hidden.dtype), hidden.device, chunk_rows)
+    g_logp, g_ent = (g.float() for g in grad_outputs)
+    C = loop.rows_per_chunk(T, hidden, V)
     buf = _logits_buffer(C, V, hidden)
-    inv_t = 1.0 / temperature
+    inv_t = loop.inv_t
+    alpha = inv_t * grads.scale
     wt = weight.t()
     for s in range(0, T, C):
         e = min(T, s + C)
         h_c = hidden[s:e]
         z = torch.mm(h_c, wt, out=buf[: e - s])
-        dl = row_pass.logprobs_grad(z, targets[s:e], inv_t, lse[s:e], entropy[s:e], g_logp[s:e], g_ent[s:e])
-        if need_hidden:
-            grad_h[s:e].addmm_(dl, weight, beta=0.0, alpha=inv_t)
-        if need_weight:
-            grad_w.addmm_(dl.t(), h_c, alpha=inv_t)
+        dl = loop.row_pass.logprobs_grad(z, targets[s:e], inv_t, lse[s:e], entropy[s:e], g_logp[s:e],
+                                         g_ent[s:e])
+        if grads.hidden:
+            grad_h[s:e].addmm_(dl, weight, beta=0.0, alpha=alpha)
+        if grads.weight:
+            grad_w.addmm_(dl.t(), h_c, alpha=alpha)
     return grad_h, grad_w
 
 
@@ -228,62 +278,50 @@ class PolicyLossPass:
     index: Optional[torch.Tensor]  # rows of hidden that are trained; None when all are
     logp: torch.Tensor             # [n] fp32
     entropy: torch.Tensor          # [n] fp32
-    grad_hidden: Optional[torch.Tensor]  # [T, H] d(sum of token losses)/dh * grad_scale
+    grad_hidden: Optional[torch.Tensor]  # [T, H] d(sum of token losses)/dh * grad scale
     grad_weight: Optional[torch.Tensor]  # [V, H]
 
 
-def policy_loss_pass(hidden, weight, targets, old_logp, advantages, roles, table, teacher_logp, ref_logp,
-                     clip_low: float, clip_high: float, dual_clip: Optional[float], temperature: float,
-                     row_pass, need_hidden: bool, need_weight: bool, grad_scale: Optional[float] = 1.0,
-                     has_entropy_term: bool = True, chunk_rows: Optional[int] = None) -> PolicyLossPass:
+def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, row_pass,
+                     grads: GradRequest) -> PolicyLossPass:
     """Log-probs, entropies and (scaled) gradients of the summed token losses, chunk by chunk.
 
-    ``old_logp``, ``advantages``, ``teacher_logp``, ``ref_logp`` are fp32 [T]; ``roles`` int [T].
-    Rows with role -1 are skipped entirely. The gradients are of ``grad_scale * sum_t loss_t``;
-    ``grad_scale=None`` means ``1 / (number of trained rows)``, the default token mean.
+    ``inputs`` as ``LossInputs.for_kernels`` makes them (fp32 values). Rows with role -1 are
+    skipped entirely. The gradients are of ``grads.scale * sum_t loss_t``.
     """
     T, V = hidden.shape[0], weight.shape[0]
     dev = hidden.device
-    active = roles >= 0
+    active = inputs.roles >= 0
     index = active.nonzero().squeeze(1)  # one host sync per call
     n = index.numel()
     if n == T:
         index = None
-
-    def pick(x):
-        return x if (x is None or index is None) else x.index_select(0, index)
-
-    targets_a, old_a, adv_a, teacher_a, ref_a = map(pick, (targets, old_logp, advantages, teacher_logp,
-                                                           ref_logp))
-    role_a = pick(roles).to(torch.int32).contiguous()
+    targets_a = targets if index is None else targets.index_select(0, index)
+    trained = inputs.select(index)
+    trained = dataclasses.replace(trained, roles=trained.roles.to(torch.int32).contiguous())
     logp = torch.empty(n, dtype=torch.float32, device=dev)
     entropy = torch.empty_like(logp)
-    write_grad = need_hidden or need_weight
-    grad_h = torch.zeros_like(hidden) if need_hidden else None
-    grad_w = torch.zeros_like(weight) if need_weight else None
+    grad_h = torch.zeros_like(hidden) if grads.hidden else None
+    grad_w = torch.zeros_like(weight) if grads.weight else None
     if n == 0:
         return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
-    C = chunk_rows_for(n, V, row_pass.bytes_per_logit(hidden.dtype), dev, chunk_rows)
+    loop = ChunkLoop(row_pass, settings.temperature, settings.chunk_rows)
+    C = loop.rows_per_chunk(n, hidden, V)
     buf = _logits_buffer(C, V, hidden)
-    inv_t = 1.0 / temperature
-    alpha = inv_t * (grad_scale if grad_scale is not None else 1.0 / n)
+    alpha = loop.inv_t * (grads.scale if grads.scale is not None else 1.0 / n)
     wt = weight.t()
     for s in range(0, n, C):
         e = min(n, s + C)
         rows = None if index is None else index[s:e]
         h_c = hidden[s:e] if rows is None else hidden.index_select(0, rows)
         z = torch.mm(h_c, wt, out=buf[: e - s])
-
-        dl = row_pass.policy_loss(z, targets_a[s:e], inv_t, logp[s:e], entropy[s:e], write_grad,
-                                  old_a[s:e], adv_a[s:e], role_a[s:e], table,
-                                  None if teacher_a is None else teacher_a[s:e],
-                                  None if ref_a is None else ref_a[s:e],
-                                  clip_low, clip_high, dual_clip, has_entropy_term)
-        if need_hidden:
+        dl = row_pass.policy_loss(z, targets_a[s:e], trained.rows(s, e), settings, logp[s:e], entropy[s:e],
+                                  grads.any)
+        if grads.hidden:
             if rows is None:
                 grad_h[s:e].addmm_(dl, weight, beta=0.0, alpha=alpha)
             else:
                 grad_h.index_copy_(0, rows, torch.mm(dl, weight).mul_(alpha))
-        if need_weight:
+        if grads.weight:
             grad_w.addmm_(dl.t(), h_c, alpha=alpha)
     return PolicyLossPass(index, logp, entropy, grad_h, grad_w)

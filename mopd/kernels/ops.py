@@ -1,4 +1,5 @@
-"""The public entry points: ``linear_logprobs`` and ``fused_linear_policy_loss``, and their backends.
+"""The public entry points: ``linear_logprobs``, ``fused_linear_policy_loss`` (and its module form
+``FusedLinearPolicyLoss``), and their backends.
 
 - ``linear_logprobs`` is the ``torch.library`` custom op ``mopd_kernels::linear_logprobs`` (with a
   registered fake and autograd formula), so it traces under ``torch.compile`` and FSDP2 as one
@@ -7,7 +8,8 @@
 - ``fused_linear_policy_loss`` is a ``torch.autograd.Function``: its forward computes the loss,
   the per-role stats *and* the gradients w.r.t. hidden and weight (Liger style), and its backward
   only scales those by the upstream gradient. It is not a custom op (it returns Python stats and
-  holds gradients between forward and backward); ``torch.compile`` graph-breaks around it.
+  holds gradients between forward and backward); ``torch.compile`` graph-breaks around it. Its
+  hyperparameters are one frozen ``PolicyLossSettings``, its per-token tensors one ``LossInputs``.
 
 Backends: ``"triton"`` (compiled on CUDA; the interpreter on CPU when TRITON_INTERPRET=1),
 ``"torch"`` (the chunked pure-torch path), ``"reference"`` (full logits, plain autograd) and
@@ -17,19 +19,14 @@ Backends: ``"triton"`` (compiled on CUDA; the interpreter on CPU when TRITON_INT
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
 from mopd.kernels import chunked, reference
-from mopd.kernels.roles import (
-    RoleSpec,
-    check_backend,
-    check_linear_inputs,
-    check_loss_inputs,
-    check_temperature,
-    role_table,
-)
+from mopd.kernels.inputs import LossInputs
+from mopd.kernels.roles import check_backend, check_linear_inputs, check_loss_inputs, check_temperature
+from mopd.kernels.settings import PolicyLossSettings
 from mopd.kernels.terms import role_stats, token_terms
 
 Stats = Dict[int, Dict[str, torch.Tensor]]
@@ -81,12 +78,15 @@ def row_pass_for(backend: str):
 # ---------------------------------------------------------------------------------------------
 
 
+def _chunk_loop(temperature: float, backend: str, chunk_rows: int) -> chunked.ChunkLoop:
+    return chunked.ChunkLoop(row_pass_for(backend), temperature, chunk_rows or None)
+
+
 def _linear_logprobs_impl(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           temperature: float, backend: str, chunk_rows: int
                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logp, entropy, lse) fp32 [T] by the chunked loop of ``backend`` (``"torch"`` or ``"triton"``)."""
-    return chunked.logprobs_forward(hidden, weight, targets, temperature, row_pass_for(backend),
-                                    chunk_rows or None)
+    return chunked.logprobs_forward(hidden, weight, targets, _chunk_loop(temperature, backend, chunk_rows))
 
 
 _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", mutates_args=())(
@@ -103,10 +103,12 @@ def _linear_logprobs_backward_impl(grad_logp: torch.Tensor, grad_entropy: torch.
                                    weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
                                    entropy: torch.Tensor, temperature: float, backend: str, chunk_rows: int,
                                    need_hidden: bool, need_weight: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden, grad_weight); an empty tensor stands for a gradient that is not needed."""
-    gh, gw = chunked.logprobs_backward(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy,
-                                       temperature, row_pass_for(backend), need_hidden, need_weight,
-                                       chunk_rows or None)
+    """(grad_hidden, grad_weight); an empty tensor stands for a gradient that is not needed.
+
+    Its arguments are the op's schema, which takes only tensors and scalars (hence flat)."""
+    gh, gw = chunked.logprobs_backward((grad_logp, grad_entropy), hidden, weight, targets, lse, entropy,
+                                       _chunk_loop(temperature, backend, chunk_rows),
+                                       chunked.GradRequest(need_hidden, need_weight))
     return (gh if gh is not None else hidden.new_empty(0), gw if gw is not None else weight.new_empty(0))
 
 
@@ -210,16 +212,13 @@ class _FusedPolicyLoss(torch.autograd.Function):
 
 
 def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                             old_logp: torch.Tensor, advantages: torch.Tensor, roles: torch.Tensor,
-                             role_specs: Sequence[RoleSpec], *, teacher_logp: Optional[torch.Tensor] = None,
-                             ref_logp: Optional[torch.Tensor] = None, clip_low: float = 0.2,
-                             clip_high: float = 0.2, dual_clip: Optional[float] = None,
-                             temperature: float = 1.0,
-                             normalizer: Union[int, float, torch.Tensor, None] = None,
-                             backend: str = "auto", chunk_rows: Optional[int] = None
+                             inputs: LossInputs, settings: PolicyLossSettings,
+                             normalizer: Union[int, float, torch.Tensor, None] = None
                              ) -> Tuple[torch.Tensor, Stats]:
     """Role-aware clipped PPO / OPD loss of the lm head over packed tokens, without [T, V] logits.
 
+    ``hidden`` [T, H] and ``weight`` [V, H] (same dtype), ``targets`` [T]; ``inputs`` the per-token
+    roles, pi_old / teacher / reference log-probs and advantages; ``settings`` the hyperparameters.
     ``loss = sum_{t: roles[t] >= 0} loss_t / normalizer`` with the per-token loss of
     ``mopd.kernels.terms`` (advantage by role, clipped surrogate, entropy bonus, KL to ``ref_logp``).
     ``normalizer`` defaults to the number of trained tokens (role >= 0); pass the global count when
@@ -227,56 +226,39 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
     ``weight`` only. ``stats[r]`` holds 0-d fp32 tensors (no host sync) for every role ``r``:
     ``tokens, advantage_mean, clip_frac, approx_kl, entropy_mean, opd_log_ratio, pg_loss, kl``.
     """
-    check_loss_inputs(hidden, weight, targets, old_logp, advantages, roles, role_specs, teacher_logp,
-                      ref_logp, clip_low, clip_high, dual_clip, temperature, normalizer)
-    backend = resolve_backend(backend, hidden.device)
+    if not isinstance(settings, PolicyLossSettings):
+        raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
+    if not isinstance(inputs, LossInputs):
+        raise ValueError(f"inputs must be a LossInputs, got {type(inputs).__name__}")
+    check_loss_inputs(hidden, weight, targets, inputs, settings, normalizer)
+    backend = resolve_backend(settings.backend, hidden.device)
     if backend == "reference":
-        return reference.reference_policy_loss(
-            hidden, weight, targets, old_logp, advantages, roles, role_specs, teacher_logp=teacher_logp,
-            ref_logp=ref_logp, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-            temperature=temperature, normalizer=normalizer)
+        return reference.reference_policy_loss(hidden, weight, targets, inputs, settings, normalizer)
 
-    dev = hidden.device
-
-    def f32(x):
-        return None if x is None else x.detach().to(torch.float32).contiguous()
-
-    old, adv, teacher, ref = f32(old_logp), f32(advantages), f32(teacher_logp), f32(ref_logp)
-    roles = roles.contiguous()
-    table = role_table(role_specs, dev)
+    kernel_inputs = inputs.for_kernels()
     grad_on = torch.is_grad_enabled()
-    need_h = grad_on and hidden.requires_grad
-    need_w = grad_on and weight.requires_grad
     # A number normaliser is folded into the gradient matmuls; a tensor one (e.g. an all-reduced
     # count) divides the upstream gradient in backward, so no host sync is needed for it.
     tensor_norm = isinstance(normalizer, torch.Tensor)
-    grad_scale = 1.0 if tensor_norm else (None if normalizer is None else 1.0 / float(normalizer))
-    has_entropy_term = any(s.entropy_coef != 0 for s in role_specs)
+    grads = chunked.GradRequest(
+        hidden=grad_on and hidden.requires_grad, weight=grad_on and weight.requires_grad,
+        scale=1.0 if tensor_norm else (None if normalizer is None else 1.0 / float(normalizer)))
 
     def run():
-        p = chunked.policy_loss_pass(
-            hidden.detach().contiguous(), weight.detach(), targets.contiguous(), old, adv, roles, table,
-            teacher, ref, clip_low, clip_high, dual_clip, float(temperature), row_pass_for(backend),
-            need_h, need_w, grad_scale=grad_scale, has_entropy_term=has_entropy_term, chunk_rows=chunk_rows)
-        n = p.logp.numel()
-
-        def pick(x):
-            return x if x is None or p.index is None else x.index_select(0, p.index)
-
-        old_a, adv_a, teacher_a, ref_a, role_a = map(pick, (old, adv, teacher, ref, roles))
-        terms = token_terms(p.logp, p.entropy, old_a, adv_a, role_a, table, teacher_a, ref_a,
-                            clip_low, clip_high, dual_clip)
+        p = chunked.policy_loss_pass(hidden.detach().contiguous(), weight.detach(), targets.contiguous(),
+                                     kernel_inputs, settings, row_pass_for(backend), grads)
+        trained = kernel_inputs.select(p.index)
+        terms = token_terms(p.logp, p.entropy, trained, settings)
         if tensor_norm:
-            divisor = normalizer.to(device=dev, dtype=torch.float32).reshape(())
-            loss = terms["loss"].sum() / divisor
+            divisor = normalizer.to(device=hidden.device, dtype=torch.float32).reshape(())
             grad_divisor = divisor
         else:
-            divisor = float(normalizer) if normalizer is not None else float(max(n, 1))
-            loss = terms["loss"].sum() / divisor
+            divisor = float(normalizer) if normalizer is not None else float(max(p.logp.numel(), 1))
             grad_divisor = None
-        stats = role_stats(role_a, len(role_specs), terms, p.logp, p.entropy, old_a, teacher_a)
-        return {"loss": loss, "logp": p.logp, "entropy": p.entropy, "grad_hidden": p.grad_hidden,
-                "grad_weight": p.grad_weight, "grad_divisor": grad_divisor, "stats": stats}
+        stats = role_stats(terms, p.logp, p.entropy, trained, settings.n_roles)
+        return {"loss": terms["loss"].sum() / divisor, "logp": p.logp, "entropy": p.entropy,
+                "grad_hidden": p.grad_hidden, "grad_weight": p.grad_weight, "grad_divisor": grad_divisor,
+                "stats": stats}
 
     holder = {}
 
@@ -284,8 +266,31 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
         holder.update(run())
         return holder
 
-    if need_h or need_w:
+    if grads.any:
         loss, _, _ = _FusedPolicyLoss.apply(hidden, weight, run_and_keep)
     else:
         loss = run_and_keep()["loss"]
     return loss, holder["stats"]
+
+
+class FusedLinearPolicyLoss(torch.nn.Module):
+    """``fused_linear_policy_loss`` as a module: hyperparameters in ``__init__``, tensors in ``forward``.
+
+    ``loss_fn = FusedLinearPolicyLoss(PolicyLossSettings(role_specs, clip_high=0.28, temperature=0.6))``
+    then ``loss, stats = loss_fn(hidden, weight, targets, inputs, normalizer)``. It holds no
+    parameters or buffers (the lm-head weight is an argument), so it can sit inside or outside a
+    sharded model.
+    """
+
+    def __init__(self, settings: PolicyLossSettings):
+        super().__init__()
+        if not isinstance(settings, PolicyLossSettings):
+            raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
+        self.settings = settings
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inputs: LossInputs,
+                normalizer: Union[int, float, torch.Tensor, None] = None) -> Tuple[torch.Tensor, Stats]:
+        return fused_linear_policy_loss(hidden, weight, targets, inputs, self.settings, normalizer)
+
+    def extra_repr(self) -> str:
+        return repr(self.settings)

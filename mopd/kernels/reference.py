@@ -3,7 +3,8 @@
 Written to be obviously right rather than fast or small: the logits, their log-softmax and the
 softmax are all materialised, the loss is a per-role Python loop over boolean masks, and the
 gradients come from ``loss.backward()``. Nothing here is shared with the chunked or Triton paths
-except the ``RoleSpec`` dataclass, so a bug in their shared code cannot hide in the comparison.
+except the argument containers (``RoleSpec``, ``PolicyLossSettings``, ``LossInputs``: plain data),
+so a bug in their shared code cannot hide in the comparison.
 
 Numerics convention shared by all backends: the lm-head matmul runs in the input dtype (as
 ``hidden @ weight.T`` does), the result is cast to fp32 and divided by the temperature, and all
@@ -12,11 +13,12 @@ softmax / loss arithmetic is fp32.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Tuple
 
 import torch
 
-from mopd.kernels.roles import RoleSpec
+from mopd.kernels.inputs import LossInputs
+from mopd.kernels.settings import PolicyLossSettings
 
 
 def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -47,17 +49,22 @@ def _kl(kl_type: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(ref - logp) - (ref - logp) - 1.0
 
 
-def reference_policy_loss(hidden, weight, targets, old_logp, advantages, roles,
-                          role_specs: Sequence[RoleSpec], *, teacher_logp=None, ref_logp=None,
-                          clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
-                          temperature: float = 1.0, normalizer=None
-                          ) -> Tuple[torch.Tensor, Dict[int, Dict[str, torch.Tensor]]]:
-    """The role-aware PPO/OPD loss by plain autograd (see ``mopd.kernels.terms`` for the maths)."""
+def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings,
+                          normalizer=None) -> Tuple[torch.Tensor, Dict[int, Dict[str, torch.Tensor]]]:
+    """The role-aware PPO/OPD loss by plain autograd (see ``mopd.kernels.terms`` for the maths).
+
+    Same arguments as ``fused_linear_policy_loss`` (``settings.backend`` and ``chunk_rows`` are not
+    used), without its argument checks.
+    """
+    roles, old_logp, advantages = inputs.roles, inputs.old_logp, inputs.advantages
+    teacher_logp, ref_logp = inputs.teacher_logp, inputs.ref_logp
+    clip_low, clip_high, dual_clip = settings.clip_low, settings.clip_high, settings.dual_clip
+    temperature = settings.temperature
     logp_all, entropy_all = reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
     old_all = old_logp.float()
     total = (logp_all * 0.0).sum()  # keeps the graph connected when no token is trained
     stats: Dict[int, Dict[str, torch.Tensor]] = {}
-    for r, spec in enumerate(role_specs):
+    for r, spec in enumerate(settings.role_specs):
         mask = roles == r
         logp, entropy, old = logp_all[mask], entropy_all[mask], old_all[mask]
         if spec.advantage == "opd":

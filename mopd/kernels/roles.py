@@ -1,4 +1,5 @@
-"""Role specifications for the fused policy loss, and the argument checks shared by every backend.
+"""Role specifications for the fused policy loss, and the argument checks shared by every backend
+(``PolicyLossSettings`` runs the hyperparameter checks once; ``check_loss_inputs`` the per-call ones).
 
 A packed micro-batch mixes tokens of several roles (Leader, Searcher, Answerer, ...). Each token
 carries a role id; ``roles[t] = r >= 0`` selects ``role_specs[r]``, ``-1`` marks a token that is
@@ -39,7 +40,7 @@ class RoleSpec:
       surrogate ``pg_t`` and the ``kl_type`` estimator of KL(pi || ref).
 
     A role whose coefficients are all 0 contributes nothing but still counts in the default
-    normaliser (DESIGN §4, ``no_searcher_supervision``). ``name`` only labels stats.
+    normaliser (the paper's ``no_searcher_supervision`` ablation). ``name`` only labels stats.
     """
 
     advantage: str = "outcome"
@@ -133,46 +134,59 @@ def _check_vector(name: str, t, T: int, device: torch.device, integer: bool = Fa
         raise ValueError(f"{name} must be a float tensor, got {t.dtype}")
 
 
-def check_loss_inputs(hidden, weight, targets, old_logp, advantages, roles, role_specs,
-                      teacher_logp, ref_logp, clip_low, clip_high, dual_clip, temperature,
-                      normalizer) -> Tuple[int, int, int]:
-    """Every argument of ``fused_linear_policy_loss``; a ValueError names the first bad one."""
-    T, H, V = check_linear_inputs(hidden, weight, targets)
-    dev = hidden.device
-    _check_vector("old_logp", old_logp, T, dev)
-    _check_vector("advantages", advantages, T, dev)
-    _check_vector("roles", roles, T, dev, integer=True)
+def check_role_specs(role_specs) -> None:
     if not isinstance(role_specs, (list, tuple)) or not all(isinstance(s, RoleSpec) for s in role_specs):
         raise ValueError("role_specs must be a list of RoleSpec")
     if len(role_specs) == 0:
         raise ValueError("role_specs is empty")
-    if any(s.is_opd for s in role_specs):
-        if teacher_logp is None:
-            names = [s.name or str(i) for i, s in enumerate(role_specs) if s.is_opd]
-            raise ValueError(f"teacher_logp is required: role(s) {names} take the OPD advantage")
-    if teacher_logp is not None:
-        _check_vector("teacher_logp", teacher_logp, T, dev)
-    if any(s.kl_coef != 0 for s in role_specs):
-        if ref_logp is None:
-            names = [s.name or str(i) for i, s in enumerate(role_specs) if s.kl_coef != 0]
-            raise ValueError(f"ref_logp is required: role(s) {names} have kl_coef != 0")
-    if ref_logp is not None:
-        _check_vector("ref_logp", ref_logp, T, dev)
+
+
+def check_clip(clip_low, clip_high, dual_clip) -> None:
+    for name, value in (("clip_low", clip_low), ("clip_high", clip_high), ("dual_clip", dual_clip)):
+        if name == "dual_clip" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be a finite number")
     if not (0 <= clip_low < 1):
         raise ValueError(f"clip_low={clip_low} must lie in [0, 1)")
     if not (clip_high >= 0):
         raise ValueError(f"clip_high={clip_high} must be >= 0")
     if dual_clip is not None and not (dual_clip > 1):
         raise ValueError(f"dual_clip={dual_clip} must be > 1 (or None)")
-    check_temperature(temperature)
-    if normalizer is not None:
-        if isinstance(normalizer, torch.Tensor):
-            if normalizer.numel() != 1:
-                raise ValueError("normalizer must be a number or a 0-d tensor, "
-                                 f"got shape {tuple(normalizer.shape)}")
-        elif not isinstance(normalizer, (int, float)) or not normalizer > 0:
-            raise ValueError(f"normalizer={normalizer!r} must be a positive number (the global token count)")
+
+
+def check_normalizer(normalizer) -> None:
+    if normalizer is None:
+        return
+    if isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1:
+            raise ValueError(f"normalizer must be a number or a 0-d tensor, got shape {tuple(normalizer.shape)}")
+    elif not isinstance(normalizer, (int, float)) or not normalizer > 0:
+        raise ValueError(f"normalizer={normalizer!r} must be a positive number (the global token count)")
+
+
+def check_loss_inputs(hidden, weight, targets, inputs, settings, normalizer) -> Tuple[int, int, int]:
+    """The tensors of one ``fused_linear_policy_loss`` call against each other and against the
+    (already checked) ``settings``; a ValueError names the first bad one. Returns ``(T, H, V)``."""
+    T, H, V = check_linear_inputs(hidden, weight, targets)
+    dev = hidden.device
+    role_specs = settings.role_specs
+    _check_vector("old_logp", inputs.old_logp, T, dev)
+    _check_vector("advantages", inputs.advantages, T, dev)
+    _check_vector("roles", inputs.roles, T, dev, integer=True)
+    if inputs.teacher_logp is None and any(s.is_opd for s in role_specs):
+        names = [s.name or str(i) for i, s in enumerate(role_specs) if s.is_opd]
+        raise ValueError(f"teacher_logp is required: role(s) {names} take the OPD advantage")
+    if inputs.teacher_logp is not None:
+        _check_vector("teacher_logp", inputs.teacher_logp, T, dev)
+    if inputs.ref_logp is None and any(s.kl_coef != 0 for s in role_specs):
+        names = [s.name or str(i) for i, s in enumerate(role_specs) if s.kl_coef != 0]
+        raise ValueError(f"ref_logp is required: role(s) {names} have kl_coef != 0")
+    if inputs.ref_logp is not None:
+        _check_vector("ref_logp", inputs.ref_logp, T, dev)
+    check_normalizer(normalizer)
     if T > 0:
+        roles = inputs.roles
         # One host sync for the three value checks.
         bad_target = (((targets < 0) | (targets >= V)) & (roles >= 0)).any()
         lo, hi, bad = torch.stack([roles.min().to(torch.int64), roles.max().to(torch.int64),

@@ -27,7 +27,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from mopd.kernels.inputs import LossInputs
 from mopd.kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
+from mopd.kernels.settings import PolicyLossSettings
 
 STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "approx_kl", "entropy_mean", "opd_log_ratio",
               "pg_loss", "kl")
@@ -40,12 +42,17 @@ def _coef_times(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(coef != 0, coef * x, torch.zeros_like(x))
 
 
-def token_terms(logp: torch.Tensor, entropy: torch.Tensor, old_logp: torch.Tensor,
-                advantages: torch.Tensor, role: torch.Tensor, table: torch.Tensor,
-                teacher_logp: Optional[torch.Tensor], ref_logp: Optional[torch.Tensor],
-                clip_low: float, clip_high: float, dual_clip: Optional[float]) -> Dict[str, torch.Tensor]:
-    """Loss, gradient scalars and stat inputs for trained tokens (all ``role >= 0``), fp32 [n] each."""
-    spec = table[role.long()]
+def token_terms(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
+                settings: PolicyLossSettings) -> Dict[str, torch.Tensor]:
+    """Loss, gradient scalars and stat inputs of trained tokens, fp32 [n] each.
+
+    ``logp``, ``entropy`` and every tensor of ``inputs`` are [n], over trained tokens only
+    (``inputs.roles >= 0``); ``inputs``' values are fp32.
+    """
+    old_logp, advantages, teacher_logp, ref_logp = (inputs.old_logp, inputs.advantages, inputs.teacher_logp,
+                                                    inputs.ref_logp)
+    clip_low, clip_high, dual_clip = settings.clip_low, settings.clip_high, settings.dual_clip
+    spec = settings.role_table(logp.device)[inputs.roles.long()]
     A = advantages
     if teacher_logp is not None:
         A = torch.where(spec[:, COL_IS_OPD] != 0, spec[:, COL_OPD_COEF] * (teacher_logp - old_logp), A)
@@ -84,19 +91,19 @@ def token_terms(logp: torch.Tensor, entropy: torch.Tensor, old_logp: torch.Tenso
     }
 
 
-def role_stats(role: torch.Tensor, n_roles: int, terms: Dict[str, torch.Tensor], logp: torch.Tensor,
-               entropy: torch.Tensor, old_logp: torch.Tensor,
-               teacher_logp: Optional[torch.Tensor]) -> Dict[int, Dict[str, torch.Tensor]]:
+def role_stats(terms: Dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
+               n_roles: int) -> Dict[int, Dict[str, torch.Tensor]]:
     """Per-role means of the stat inputs (one ``index_add_`` for all roles; no host sync).
 
     Returns ``{r: {name: 0-d fp32 tensor}}`` for every role ``r`` in ``range(n_roles)``; means over
     a role without tokens are 0.
     """
+    old_logp, teacher_logp = inputs.old_logp, inputs.teacher_logp
     opd_ratio = teacher_logp - old_logp if teacher_logp is not None else torch.zeros_like(logp)
     columns = torch.stack([torch.ones_like(logp), terms["advantage"], terms["clipped"], old_logp - logp,
                            entropy, opd_ratio, terms["pg"], terms["kl"]], dim=1)
     sums = torch.zeros(n_roles, len(STAT_NAMES), dtype=torch.float32, device=logp.device)
-    sums.index_add_(0, role.long(), columns.float())
+    sums.index_add_(0, inputs.roles.long(), columns.float())
     count = sums[:, :1]
     means = torch.cat([count, sums[:, 1:] / count.clamp(min=1)], dim=1)
     return {r: {name: means[r, j] for j, name in enumerate(STAT_NAMES)} for r in range(n_roles)}

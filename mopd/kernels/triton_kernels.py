@@ -217,16 +217,19 @@ class TritonRowPass:
                                    g_entropy.contiguous(), V, inv_t, BLOCK_V=block, num_warps=warps)
         return z
 
-    def policy_loss(self, z, targets, inv_t, out_logp, out_entropy, write_grad, old_logp, advantages,
-                    role, table, teacher_logp, ref_logp, clip_low, clip_high, dual_clip, has_entropy_term):
+    def policy_loss(self, z, targets, inputs, settings, out_logp, out_entropy, write_grad):
+        """The fused row kernel on a chunk: ``inputs`` (a ``LossInputs``) are the chunk's rows,
+        ``settings`` the ``PolicyLossSettings``; the gradient overwrites ``z`` (returned)."""
         c, V = z.shape
         block, warps = launch_config(V, z.device)
+        teacher, ref, dual = inputs.teacher_logp, inputs.ref_logp, settings.dual_clip
         _policy_loss_kernel[(c,)](
-            z, z.stride(0), targets, old_logp, advantages, role, table,
-            teacher_logp if teacher_logp is not None else old_logp,
-            ref_logp if ref_logp is not None else old_logp,
-            out_logp, out_entropy, V, inv_t, float(clip_low), float(clip_high),
-            float(dual_clip) if dual_clip is not None else 0.0,
-            HAS_TEACHER=teacher_logp is not None, HAS_REF=ref_logp is not None,
-            HAS_DUAL=dual_clip is not None, WRITE_GRAD=bool(write_grad), BLOCK_V=block, num_warps=warps)
+            z, z.stride(0), targets, inputs.old_logp, inputs.advantages, inputs.roles,
+            settings.role_table(z.device),
+            teacher if teacher is not None else inputs.old_logp,
+            ref if ref is not None else inputs.old_logp,
+            out_logp, out_entropy, V, 1.0 / settings.temperature, float(settings.clip_low),
+            float(settings.clip_high), float(dual) if dual is not None else 0.0,
+            HAS_TEACHER=teacher is not None, HAS_REF=ref is not None,
+            HAS_DUAL=dual is not None, WRITE_GRAD=bool(write_grad), BLOCK_V=block, num_warps=warps)
         return z if write_grad else None

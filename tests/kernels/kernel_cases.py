@@ -8,7 +8,13 @@ from typing import List, Optional
 
 import torch
 
-from mopd.kernels import RoleSpec, fused_linear_policy_loss, reference_linear_logprobs
+from mopd.kernels import (
+    LossInputs,
+    PolicyLossSettings,
+    RoleSpec,
+    fused_linear_policy_loss,
+    reference_linear_logprobs,
+)
 
 BACKENDS = ["torch", "triton"]
 
@@ -24,6 +30,12 @@ class Batch:
     teacher_logp: Optional[torch.Tensor]
     ref_logp: Optional[torch.Tensor]
     specs: List[RoleSpec] = field(default_factory=list)
+
+    def inputs(self) -> LossInputs:
+        return LossInputs(self.roles, self.old_logp, self.advantages, self.teacher_logp, self.ref_logp)
+
+    def settings(self, backend: str, **kwargs) -> PolicyLossSettings:
+        return PolicyLossSettings(tuple(self.specs), backend=backend, **kwargs)
 
 
 def make_batch(T: int, H: int, V: int, specs: List[RoleSpec], *, dtype=torch.float32, seed: int = 0,
@@ -49,13 +61,13 @@ def make_batch(T: int, H: int, V: int, specs: List[RoleSpec], *, dtype=torch.flo
     return Batch(hidden, weight, targets, old, adv, roles, teacher_logp, ref_logp, list(specs))
 
 
-def run_loss(batch: Batch, backend: str, **kwargs):
-    """(loss, grad_hidden, grad_weight, stats) of one forward+backward on fresh leaf copies."""
+def run_loss(batch: Batch, backend: str, normalizer=None, **settings):
+    """(loss, grad_hidden, grad_weight, stats) of one forward+backward on fresh leaf copies;
+    ``settings`` are ``PolicyLossSettings`` fields besides the role specs and the backend."""
     h = batch.hidden.clone().requires_grad_(True)
     w = batch.weight.clone().requires_grad_(True)
-    loss, stats = fused_linear_policy_loss(
-        h, w, batch.targets, batch.old_logp, batch.advantages, batch.roles, batch.specs,
-        teacher_logp=batch.teacher_logp, ref_logp=batch.ref_logp, backend=backend, **kwargs)
+    loss, stats = fused_linear_policy_loss(h, w, batch.targets, batch.inputs(),
+                                           batch.settings(backend, **settings), normalizer)
     loss.backward()
     return loss.detach(), h.grad, w.grad, stats
 

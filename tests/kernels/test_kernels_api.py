@@ -4,11 +4,22 @@ import pytest
 import torch
 from kernel_cases import make_batch
 
-from mopd.kernels import RoleSpec, fused_linear_policy_loss, linear_logprobs, resolve_backend, stats_to_floats
-from mopd.kernels.roles import role_table
+from mopd.kernels import (
+    LossInputs,
+    PolicyLossSettings,
+    RoleSpec,
+    fused_linear_policy_loss,
+    linear_logprobs,
+    resolve_backend,
+    stats_to_floats,
+)
 from mopd.kernels.terms import STAT_NAMES, token_terms
 
 SPECS = [RoleSpec("outcome"), RoleSpec("opd", kl_coef=0.1)]
+
+
+TENSORS = ("hidden", "weight", "targets")
+INPUTS = ("roles", "old_logp", "advantages", "teacher_logp", "ref_logp")
 
 
 def _args(T=6, H=4, V=10):
@@ -19,11 +30,14 @@ def _args(T=6, H=4, V=10):
 
 
 def _call(**kw):
+    """One torch-backend call with the defaults of ``_args`` changed by ``kw`` (tensors, LossInputs
+    fields, PolicyLossSettings fields or the normaliser)."""
     args = _args()
     args.update(kw)
-    names = ("hidden", "weight", "targets", "old_logp", "advantages", "roles", "role_specs")
-    pos = [args.pop(k) for k in names]
-    return fused_linear_policy_loss(*pos, backend="torch", **args)
+    tensors = [args.pop(k) for k in TENSORS]
+    inputs = LossInputs(**{k: args.pop(k) for k in INPUTS})
+    normalizer = args.pop("normalizer", None)
+    return fused_linear_policy_loss(*tensors, inputs, PolicyLossSettings(backend="torch", **args), normalizer)
 
 
 @pytest.mark.parametrize("change, name", [
@@ -109,7 +123,6 @@ def test_token_gradient_scalars_match_autograd(dual):
     g = torch.Generator().manual_seed(1)
     specs = [RoleSpec("outcome", entropy_coef=0.3, kl_coef=0.7, kl_type=k) for k in ("k1", "k2", "k3")]
     specs += [RoleSpec("opd", opd_coef=0.5, kl_coef=0.2, kl_type="k3"), RoleSpec("outcome", pg_coef=0.0)]
-    table = role_table(specs, torch.device("cpu"))
     logp = (-3 * torch.rand(n, generator=g, dtype=torch.float64)).float().requires_grad_(True)
     ent = (5 * torch.rand(n, generator=g)).requires_grad_(True)
     old = logp.detach() + torch.randn(n, generator=g)
@@ -117,7 +130,8 @@ def test_token_gradient_scalars_match_autograd(dual):
     role = torch.randint(0, len(specs), (n,), generator=g)
     teacher = logp.detach() + torch.randn(n, generator=g)
     ref = logp.detach() + torch.randn(n, generator=g)
-    terms = token_terms(logp, ent, old, adv, role, table, teacher, ref, 0.2, 0.25, dual)
+    settings = PolicyLossSettings(specs, clip_low=0.2, clip_high=0.25, dual_clip=dual)
+    terms = token_terms(logp, ent, LossInputs(role, old, adv, teacher, ref), settings)
     d_logp, d_ent = torch.autograd.grad(terms["loss"].sum(), (logp, ent))
     torch.testing.assert_close(terms["g_logp"], d_logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(terms["g_entropy"], d_ent)
@@ -166,11 +180,12 @@ def test_package_works_without_triton():
 import sys
 sys.modules["triton"] = None  # any 'import triton' now raises ImportError
 import torch
-from mopd.kernels import RoleSpec, fused_linear_policy_loss, linear_logprobs, resolve_backend
+from mopd.kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
+from mopd.kernels import resolve_backend
 h = torch.randn(6, 4, requires_grad=True); w = torch.randn(9, 4); t = torch.randint(0, 9, (6,))
 logp, ent = linear_logprobs(h, w, t)
-loss, _ = fused_linear_policy_loss(h, w, t, logp.detach(), torch.randn(6), torch.zeros(6, dtype=torch.long),
-                                   [RoleSpec()])
+loss_fn = FusedLinearPolicyLoss(PolicyLossSettings([RoleSpec()]))
+loss, _ = loss_fn(h, w, t, LossInputs(torch.zeros(6, dtype=torch.long), logp.detach(), torch.randn(6)))
 loss.backward()
 assert resolve_backend("auto", torch.device("cuda")) == "torch"
 try:

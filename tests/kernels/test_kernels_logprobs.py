@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_cases import BACKENDS, assert_close_grads, make_batch, rel_err
 
-from mopd.kernels import RoleSpec, fused_linear_policy_loss, linear_logprobs
+from mopd.kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss, linear_logprobs
 
 # (T, H, V, temperature): T=1, V > the interpreter's BLOCK_V (two online blocks), V < H
 SHAPES = [(1, 8, 5, 1.0), (37, 16, 1500, 0.6), (23, 40, 33, 1.3), (48, 12, 257, 1.0)]
@@ -95,8 +95,9 @@ def test_scoring_pass_feeds_the_loss_consistently(backend):
     batch = make_batch(33, 16, 600, specs, ref=False)
     with torch.no_grad():
         old, _ = linear_logprobs(batch.hidden, batch.weight, batch.targets, backend=backend)
-    _, stats = fused_linear_policy_loss(batch.hidden, batch.weight, batch.targets, old, batch.advantages,
-                                        batch.roles, specs, teacher_logp=batch.teacher_logp, backend=backend)
+    inputs = LossInputs(batch.roles, old, batch.advantages, teacher_logp=batch.teacher_logp)
+    _, stats = fused_linear_policy_loss(batch.hidden, batch.weight, batch.targets, inputs,
+                                        PolicyLossSettings(specs, backend=backend))
     for r in (0, 1):
         assert abs(float(stats[r]["approx_kl"])) < 1e-6
         assert float(stats[r]["clip_frac"]) == 0.0

@@ -29,7 +29,7 @@ CASES = {
                      {"temperature": 1.3}),
     "vocab_smaller_than_hidden": (19, 40, 33, MIXED, {}, {"chunk_rows": 5}),
     "no_chunking_hint": (41, 16, 517, MIXED, {"role_probs": [0.1, 0.3, 0.3, 0.3]}, {}),
-    # DESIGN §4 no_searcher_supervision: a role whose coefficients are all 0 still counts in the mean
+    # the paper's no_searcher_supervision: a role whose coefficients are all 0 still counts in the mean
     "silent_role": (23, 8, 200, [RoleSpec("outcome"), RoleSpec("opd", pg_coef=0.0)],
                     {"role_probs": [0.2, 0.4, 0.4], "ref": False}, {}),
 }
@@ -132,9 +132,7 @@ def test_upstream_gradient_scales_the_stored_gradients(backend):
     w = batch.weight.clone().requires_grad_(True)
     from mopd.kernels import fused_linear_policy_loss
 
-    loss, _ = fused_linear_policy_loss(h, w, batch.targets, batch.old_logp, batch.advantages, batch.roles,
-                                       batch.specs, teacher_logp=batch.teacher_logp, ref_logp=batch.ref_logp,
-                                       backend=backend)
+    loss, _ = fused_linear_policy_loss(h, w, batch.targets, batch.inputs(), batch.settings(backend))
     (-2.5 * loss).backward()
     assert rel_err(h.grad, -2.5 * base[1]) < 1e-6
     assert rel_err(w.grad, -2.5 * base[2]) < 1e-6
@@ -148,13 +146,12 @@ def test_frozen_weight_and_no_grad(backend):
     batch = make_batch(19, 8, 140, MIXED)
     full = run_loss(batch, backend)
     h = batch.hidden.clone().requires_grad_(True)
-    args = (batch.targets, batch.old_logp, batch.advantages, batch.roles, batch.specs)
-    kw = dict(teacher_logp=batch.teacher_logp, ref_logp=batch.ref_logp, backend=backend)
-    loss, _ = fused_linear_policy_loss(h, batch.weight, *args, **kw)
+    args = (batch.targets, batch.inputs(), batch.settings(backend))
+    loss, _ = fused_linear_policy_loss(h, batch.weight, *args)
     loss.backward()
     assert rel_err(h.grad, full[1]) < 1e-6
     with torch.no_grad():
-        loss2, stats2 = fused_linear_policy_loss(h, batch.weight.clone().requires_grad_(True), *args, **kw)
+        loss2, stats2 = fused_linear_policy_loss(h, batch.weight.clone().requires_grad_(True), *args)
     assert not loss2.requires_grad
     assert float(loss2) == pytest.approx(float(full[0]), rel=1e-6)
     assert float(stats2[1]["tokens"]) == float(full[3][1]["tokens"])
@@ -162,7 +159,7 @@ def test_frozen_weight_and_no_grad(backend):
 
 def test_reference_matches_hand_computed_tokens():
     """The ground truth itself, against the formulas evaluated by hand for three tokens."""
-    from mopd.kernels import fused_linear_policy_loss
+    from mopd.kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
 
     torch.manual_seed(3)
     hidden = torch.randn(3, 4, dtype=torch.float64)
@@ -192,8 +189,8 @@ def test_reference_matches_hand_computed_tokens():
             total += pg - 0.1 * ent[i] + 0.5 * (math.exp(d) - d - 1)
         else:
             total += pg
-    loss, stats = fused_linear_policy_loss(hidden, weight, targets, old, adv, roles, specs,
-                                           teacher_logp=teacher, ref_logp=ref, backend="reference")
+    loss, stats = fused_linear_policy_loss(hidden, weight, targets, LossInputs(roles, old, adv, teacher, ref),
+                                           PolicyLossSettings(specs, backend="reference"))
     assert float(loss) == pytest.approx(total / 3, rel=1e-6)  # the reference computes in fp32
     assert float(stats[0]["clip_frac"]) == 0.5  # token 0 (ratio e^0.5, A > 0) is clipped
     assert float(stats[1]["advantage_mean"]) == pytest.approx(-0.03)
@@ -246,9 +243,7 @@ def test_second_backward_through_the_same_loss_is_refused():
     from mopd.kernels import fused_linear_policy_loss
 
     h = batch.hidden.clone().requires_grad_(True)
-    loss, _ = fused_linear_policy_loss(h, batch.weight, batch.targets, batch.old_logp, batch.advantages,
-                                       batch.roles, MIXED, teacher_logp=batch.teacher_logp,
-                                       ref_logp=batch.ref_logp, backend="torch")
+    loss, _ = fused_linear_policy_loss(h, batch.weight, batch.targets, batch.inputs(), batch.settings("torch"))
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward per forward"):
         loss.backward()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mopd.kernels import RoleSpec, fused_linear_policy_loss, linear_logprobs
+from mopd.kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss, linear_logprobs
 from mopd.kernels.memtrack import TensorMemoryTracker
 
 
@@ -38,8 +38,8 @@ def test_torch_path_never_allocates_logits_for_all_rows(what):
     old = torch.full((T,), -10.0)
     with TensorMemoryTracker() as mem:
         if what == "loss":
-            loss, _ = fused_linear_policy_loss(h, w, t, old, torch.randn(T, generator=g), roles, specs,
-                                               teacher_logp=old - 1, ref_logp=old, backend="torch")
+            inputs = LossInputs(roles, old, torch.randn(T, generator=g), teacher_logp=old - 1, ref_logp=old)
+            loss, _ = fused_linear_policy_loss(h, w, t, inputs, PolicyLossSettings(specs, backend="torch"))
             loss.backward()
         elif what == "scoring":
             with torch.no_grad():
