@@ -1,0 +1,275 @@
+"""`mopd plan`: what one GPU must hold for a config, in both phases of a colocated step, before
+anything is loaded.
+
+A step has two phases on every GPU (DESIGN §7, mopd.train.weight_sync):
+
+- rollout: the vLLM engine is awake and owns ``gpu_memory_utilization`` of the GPU (its weights,
+  activations and KV cache); the trainer keeps only what survives between steps (the fp32 master
+  shard, AdamW's moments, the frozen teacher/reference, the CUDA context). vLLM refuses to start or
+  wake when free memory is below its share, so the trainer's resident memory must fit in the rest.
+- training: the engine sleeps at level 2 (a small residue stays); the trainer adds gradient shards,
+  the gathered bf16 layers FSDP2 works on, the activations of one micro-batch and the loss head.
+
+Every number comes from the model's config.json (read offline: a local model directory, a config
+bundled in ``mopd/train/model_configs/``, or the Hugging Face cache) and the run config; the few
+constants that are not (CUDA context, vLLM's own runtime) are named below and printed with the plan.
+Estimates, not measurements: they are meant to refuse what cannot fit and to show where memory goes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GIB = 2 ** 30
+BUNDLED = Path(__file__).parent / "model_configs"
+
+CUDA_CONTEXT_GIB = 3.0
+"""CUDA context, NCCL communicators and allocator fragmentation per GPU (an allowance)."""
+VLLM_ASLEEP_GIB = 1.0
+"""What a level-2-sleeping vLLM engine keeps (CUDA graphs, sampler buffers): an allowance."""
+VLLM_RUNTIME_GIB = 4.0
+"""vLLM's activation peak and CUDA graphs inside its share, besides weights and KV cache."""
+H200_GIB = 139.0
+"""Usable memory of one H200 as torch reports it."""
+
+
+class PlanError(ValueError):
+    """The config or the model's shape cannot be planned (one line, no traceback)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of a decoder-only config.json that decide memory (Qwen3/Llama/Qwen2 naming)."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> ModelShape:
+        try:
+            heads = int(cfg["num_attention_heads"])
+            return cls(vocab=int(cfg["vocab_size"]), hidden=int(cfg["hidden_size"]),
+                       layers=int(cfg["num_hidden_layers"]), intermediate=int(cfg["intermediate_size"]),
+                       heads=heads, kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                       head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+                       tied=bool(cfg.get("tie_word_embeddings", False)))
+        except KeyError as e:
+            raise PlanError(f"config.json lacks {e.args[0]!r}: only decoder-only transformer configs can be planned")
+
+    @property
+    def layer_params(self) -> int:
+        """q/k/v/o projections, the gated MLP, two RMSNorms and Qwen3's q/k norms."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate \
+            + 2 * self.hidden + 2 * self.head_dim
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Distinct parameters (a tied lm-head counted once)."""
+        head = 0 if self.tied else self.embed_params
+        return self.embed_params + head + self.layers * self.layer_params + self.hidden
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """bf16 keys and values of every layer for one token (vLLM's KV cache)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+    @property
+    def activation_bytes_per_token_layer(self) -> int:
+        """bf16 tensors one decoder layer saves for backward, per token: the two norms' inputs and
+        outputs, q/k/v (after norm and rotary), the attention output and flash-attn's fp32
+        log-sum-exp, the o-projection input, the MLP's gate, up, activation and product."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * (4 * self.hidden + 3 * q + 2 * kv + 4 * self.intermediate) + 4 * self.heads
+
+
+def load_model_config(path: str) -> dict:
+    """config.json of ``path``: a local directory, else a bundled config (``Org/Name``), else the
+    Hugging Face cache; never the network."""
+    p = Path(path).expanduser()
+    if (p / "config.json").is_file():
+        return json.loads((p / "config.json").read_text())
+    bundled = BUNDLED / (path.replace("/", "__") + ".json")
+    if bundled.is_file():
+        return json.loads(bundled.read_text())
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    snapshots = (hub.expanduser() / f"models--{path.replace('/', '--')}" / "snapshots")
+    found = sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
+    if found:
+        return json.loads(found[-1].read_text())
+    known = sorted(f.stem.replace("__", "/") for f in BUNDLED.glob("*.json"))
+    raise PlanError(f"no config.json for {path!r}: not a local model directory, not in the Hugging Face cache, "
+                    f"and not bundled (bundled: {', '.join(known)})")
+
+
+@dataclass
+class Item:
+    name: str
+    gib: float
+    note: str = ""
+
+
+@dataclass
+class MemoryPlan:
+    gpu_gib: float
+    world: int
+    shape: ModelShape
+    training: list[Item] = field(default_factory=list)
+    rollout: list[Item] = field(default_factory=list)
+    teacher_placement: str = "none"
+    kv_tokens: int = 0
+    max_model_len: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def training_gib(self) -> float:
+        return sum(i.gib for i in self.training)
+
+    @property
+    def rollout_gib(self) -> float:
+        return sum(i.gib for i in self.rollout)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def render(self) -> str:
+        s = self.shape
+        lines = [(f"per-GPU memory plan: {self.world} GPU(s) of {self.gpu_gib:.0f} GiB; model {s.params / 1e9:.2f}B "
+                  f"parameters ({s.layers} layers, hidden {s.hidden}, vocab {s.vocab}{', tied head' if s.tied else ''}); "
+                  f"teacher {self.teacher_placement}")]
+        for title, items, total in (("training phase (engine asleep)", self.training, self.training_gib),
+                                    ("rollout phase (engine awake)", self.rollout, self.rollout_gib)):
+            lines.append(f"  {title}:")
+            lines += [f"    {i.name:<38}{i.gib:8.2f} GiB  {i.note}" for i in items]
+            lines.append(f"    {'total':<38}{total:8.2f} GiB  of {self.gpu_gib:.0f}")
+        calls = self.kv_tokens // max(self.max_model_len, 1)
+        lines.append(f"  vLLM KV cache: {self.kv_tokens:,} tokens = {calls} calls of max_model_len {self.max_model_len}")
+        lines.append(f"  allowances: CUDA context {CUDA_CONTEXT_GIB} GiB, vLLM runtime {VLLM_RUNTIME_GIB} GiB, "
+                     f"sleeping vLLM {VLLM_ASLEEP_GIB} GiB")
+        lines.append("FITS" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems))
+        return "\n".join(lines)
+
+
+def _frozen_models(cfg) -> list[str]:
+    """Directories of the frozen models a run loads (teacher, reference), each once."""
+    paths = []
+    if cfg.opd_roles():
+        paths.append(cfg.teacher.path or cfg.model.path)
+    if cfg.reference_roles():
+        ref = cfg.reference_path() or cfg.model.path
+        if ref not in paths:
+            paths.append(ref)
+    return paths
+
+
+def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config: dict | None = None,
+                frozen_configs: list[dict] | None = None) -> MemoryPlan:
+    """The per-GPU plan of ``cfg`` on ``world`` GPUs of ``gpu_gib`` each (see the module docstring).
+
+    ``model_config``/``frozen_configs`` default to the config.json files the run would load; a
+    frozen model without a path of its own (a preset before ``teacher.path`` is set) is assumed to
+    have the policy's shape, as a Stage-I export has.
+    """
+    if world < 1 or gpu_gib <= 0:
+        raise PlanError(f"world={world} and gpu_gib={gpu_gib} must be positive")
+    shape = ModelShape.from_config(model_config or load_model_config(cfg.model.path))
+    if frozen_configs is None:
+        frozen_configs = [load_model_config(p) if p != cfg.model.path else None for p in _frozen_models(cfg)]
+    frozen = [ModelShape.from_config(c) if c else shape for c in frozen_configs]
+    plan = MemoryPlan(gpu_gib=gpu_gib, world=world, shape=shape)
+    P, W = shape.params, world
+    tokens = cfg.trainer.micro_batch_tokens
+    ckpt = cfg.model.activation_checkpointing is not False           # None means on, on GPUs
+    plan.max_model_len = cfg.rollout.max_input_tokens + cfg.rollout.max_output_tokens
+
+    # trainer state that survives the whole step (fp32 master shard and AdamW's two moments)
+    master = Item("fp32 master weights (shard)", 4 * P / W / GIB, f"4 B x {P / 1e9:.2f}B / {W}")
+    adam = Item("AdamW moments, fp32 (shard)", 8 * P / W / GIB, "2 x 4 B per parameter / world")
+    context = Item("CUDA context, NCCL, fragmentation", CUDA_CONTEXT_GIB, "allowance")
+    frozen_bf16 = sum(2 * f.params for f in frozen)
+    teacher_items = []
+    if frozen:
+        cpu_offload = getattr(cfg.teacher, "cpu_offload", False)
+        replicated = Item(f"teacher/reference bf16 x{len(frozen)} (replica)", frozen_bf16 / GIB,
+                          "one full copy per GPU: scoring without all-gathers")
+        sharded_layers = sum(2 * 2 * f.layer_params + 2 * f.embed_params for f in frozen)
+        sharded = Item(f"teacher/reference bf16 x{len(frozen)} (shard)",
+                       (0 if cpu_offload else frozen_bf16 / W) / GIB + sharded_layers / GIB,
+                       "FSDP2 shard + two gathered layers and the embedding while scoring"
+                       + (" (shards on CPU)" if cpu_offload else ""))
+        teacher_items = [replicated, sharded]
+
+    vllm_share = cfg.rollout.gpu_memory_utilization * gpu_gib
+    weights_bf16 = 2 * P / GIB
+    tp = max(1, cfg.rollout.tensor_parallel_size)
+
+    def phases(teacher: Item | None):
+        resident = [master, adam] + ([teacher] if teacher else []) + [context]
+        gathered = 2 * shape.embed_params + 2 * 2 * shape.layer_params        # root + two layers, bf16
+        backward = 2 * (2 + 4) * shape.layer_params                           # bf16 grads + fp32 reduce, two layers
+        act_saved = shape.layers * tokens * shape.hidden * 2 if ckpt else \
+            shape.layers * tokens * shape.activation_bytes_per_token_layer
+        act_live = tokens * shape.activation_bytes_per_token_layer if ckpt else 0
+        loss_head = tokens * shape.hidden * (2 + 4) + GIB                     # hidden + its fp32 grad, <1 GiB chunks
+        loss_inputs = tokens * 4 * 6                                          # fp32 per-token signals of a micro-batch
+        training = resident + [
+            Item("fp32 gradient shard", 4 * P / W / GIB, "reduce-scattered, fp32"),
+            Item("gathered bf16 params (FSDP2)", gathered / GIB, "root (embedding, norm) + two layers in flight"),
+            Item("layer grads + reduce buffers", backward / GIB, "bf16 grads and fp32 reduce-scatter, two layers"),
+            Item("activations" + (" (checkpointed)" if ckpt else ""), (act_saved + act_live) / GIB,
+                 f"{tokens} tokens: " + ("layer inputs + one layer recomputed" if ckpt else "every layer's tensors")),
+            Item("fused loss head + loss inputs", (loss_head + loss_inputs) / GIB, "no [T, V] logits"),
+            Item("vLLM asleep (level 2)", VLLM_ASLEEP_GIB, "allowance"),
+        ]
+        rollout = resident + [Item("vLLM share (weights + KV + runtime)", vllm_share,
+                                   f"gpu_memory_utilization {cfg.rollout.gpu_memory_utilization}")]
+        return training, rollout
+
+    choice = None
+    if frozen:
+        for teacher, name in ((teacher_items[0], "replicated in bf16 on every GPU"),
+                              (teacher_items[1], "FSDP2-sharded")):
+            training, rollout = phases(teacher)
+            if sum(i.gib for i in training) <= gpu_gib and sum(i.gib for i in rollout) <= gpu_gib:
+                choice = (training, rollout, name)
+                break
+        if choice is None:
+            training, rollout = phases(teacher_items[1])
+            choice = (training, rollout, "FSDP2-sharded")
+    else:
+        training, rollout = phases(None)
+        choice = (training, rollout, "none")
+    plan.training, plan.rollout, plan.teacher_placement = choice
+
+    kv_gib = vllm_share - weights_bf16 / tp - VLLM_RUNTIME_GIB
+    plan.kv_tokens = max(0, int(kv_gib * GIB // (shape.kv_bytes_per_token / tp)))
+    if plan.training_gib > gpu_gib:
+        big = max(plan.training, key=lambda i: i.gib)
+        plan.problems.append(f"training needs {plan.training_gib:.1f} GiB per GPU > {gpu_gib:.0f} (largest: "
+                             f"{big.name} {big.gib:.1f} GiB; lower trainer.micro_batch_tokens, keep activation "
+                             "checkpointing on, or use more GPUs)")
+    resident = plan.rollout_gib - vllm_share
+    if plan.rollout_gib > gpu_gib:
+        plan.problems.append(f"the trainer keeps {resident:.1f} GiB during rollout but vLLM's "
+                             f"gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} leaves it "
+                             f"{gpu_gib - vllm_share:.1f} GiB: vLLM would refuse to start (lower "
+                             "rollout.gpu_memory_utilization or use more GPUs)")
+    if plan.kv_tokens < plan.max_model_len:
+        plan.problems.append(f"vLLM's KV cache holds {plan.kv_tokens} tokens, less than one call of max_model_len "
+                             f"{plan.max_model_len} (raise rollout.gpu_memory_utilization or lower "
+                             "rollout.max_input_tokens/max_output_tokens)")
+    return plan

@@ -1,0 +1,97 @@
+"""`mopd plan`: parameter counts against transformers, the phase budgets, refusals with reasons."""
+
+import json
+
+import pytest
+
+from mopd.config import resolve
+from mopd.train.memory_plan import GIB, H200_GIB, ModelShape, PlanError, load_model_config, plan_memory
+
+QWEN = "Qwen/Qwen3-4B-Instruct-2507"
+
+
+@pytest.mark.parametrize("dims", [(97, 24, 3, 40, 4, 2, 6, True), (131, 32, 2, 56, 4, 4, 8, False)])
+def test_parameter_count_matches_transformers_qwen3(dims):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    vocab, hidden, layers, inter, heads, kv, head_dim, tied = dims
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
+                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+                      tie_word_embeddings=tied)
+    model = Qwen3ForCausalLM(cfg)
+    shape = ModelShape.from_config(cfg.to_dict())
+    assert shape.params == sum(p.numel() for p in model.parameters())     # tied weights counted once
+    assert shape.kv_bytes_per_token == 2 * layers * kv * head_dim * 2
+
+
+def test_the_bundled_qwen3_4b_config_is_a_4b_model():
+    shape = ModelShape.from_config(load_model_config(QWEN))
+    assert shape.params == 4_022_468_096 and shape.tied
+    assert shape.kv_bytes_per_token == 144 * 1024
+
+
+def test_stage2_defaults_fit_8_h200_with_a_replicated_teacher():
+    cfg = resolve("mopd", [f"model.path={QWEN}"])
+    plan = plan_memory(cfg, gpu_gib=H200_GIB, world=8)
+    assert plan.fits, plan.problems
+    assert plan.teacher_placement.startswith("replicated")
+    assert plan.max_model_len == cfg.rollout.max_input_tokens + cfg.rollout.max_output_tokens
+    assert plan.kv_tokens > 10 * plan.max_model_len
+    items = {i.name: i.gib for i in plan.training}
+    assert items["fp32 master weights (shard)"] == pytest.approx(4 * 4_022_468_096 / 8 / GIB)
+    assert items["AdamW moments, fp32 (shard)"] == pytest.approx(2 * items["fp32 master weights (shard)"])
+    assert "FITS" in plan.render()
+
+
+def test_sharding_scales_with_the_world_and_checkpointing_shrinks_activations():
+    cfg = resolve("mopd", [f"model.path={QWEN}"])
+    p8, p16 = plan_memory(cfg, world=8), plan_memory(cfg, world=16)
+    assert p16.training[0].gib == pytest.approx(p8.training[0].gib / 2)
+    off = plan_memory(resolve("mopd", [f"model.path={QWEN}", "model.activation_checkpointing=false"]), world=8)
+    act = {i.name.split(" (")[0]: i.gib for i in off.training}["activations"]
+    act_ckpt = {i.name.split(" (")[0]: i.gib for i in p8.training}["activations"]
+    assert act > 5 * act_ckpt
+
+
+def test_refusals_name_the_reason():
+    big = resolve("mopd", [f"model.path={QWEN}", "trainer.micro_batch_tokens=65536",
+                           "model.activation_checkpointing=false"])
+    plan = plan_memory(big, world=8)
+    assert not plan.fits and "activations" in plan.problems[0] and "micro_batch_tokens" in plan.problems[0]
+    greedy = plan_memory(resolve("mopd", [f"model.path={QWEN}", "rollout.gpu_memory_utilization=0.97"]), world=8)
+    assert any("vLLM would refuse to start" in p for p in greedy.problems)
+    assert greedy.teacher_placement == "FSDP2-sharded"        # the replica was tried first and did not fit
+    long = plan_memory(resolve("mopd", [f"model.path={QWEN}", "rollout.max_input_tokens=2000000"]), world=8)
+    assert any("KV cache" in p for p in long.problems)
+
+
+def test_the_teacher_is_sharded_when_a_replica_does_not_fit():
+    cfg = resolve("mopd", [f"model.path={QWEN}", "rollout.gpu_memory_utilization=0.7"])
+    plan = plan_memory(cfg, gpu_gib=40, world=8)
+    assert plan.teacher_placement == "FSDP2-sharded" and plan.fits, plan.problems
+
+
+def test_config_lookup_local_bundled_cache_and_missing(tmp_path, monkeypatch):
+    local = tmp_path / "m"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps({"vocab_size": 5}))
+    assert load_model_config(str(local)) == {"vocab_size": 5}
+    assert load_model_config(QWEN)["hidden_size"] == 2560
+    snap = tmp_path / "hub" / "models--Org--Small" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"vocab_size": 7}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert load_model_config("Org/Small") == {"vocab_size": 7}
+    with pytest.raises(PlanError, match="no config.json for 'Org/Missing'"):
+        load_model_config("Org/Missing")
+    with pytest.raises(PlanError, match="lacks"):
+        ModelShape.from_config({"vocab_size": 5})
+
+
+def test_cli_prints_the_plan_and_exits_2_when_it_cannot_fit(capsys):
+    from mopd.cli import main
+
+    assert main(["plan", "--gpus", "8", "--gpu-gib", "139", "mopd", f"model.path={QWEN}"]) == 0
+    assert "FITS" in capsys.readouterr().out
+    assert main(["plan", "--gpus", "8", "--gpu-gib", "24", "mopd", f"model.path={QWEN}"]) == 2
+    assert "does not fit" in capsys.readouterr().err
