@@ -44,6 +44,7 @@ def register(sub) -> None:
     e.add_argument("--base-model", default=None,
                    help="architecture/tokenizer source (default: the model.path recorded in the checkpoint)")
     e.set_defaults(func=_export)
+    _register_plan(sub)
 
 
 def _misplaced_options(args, own: tuple) -> None:
@@ -114,4 +115,45 @@ def _export(args) -> int:
     except CheckpointError as e:
         raise UserError(str(e)) from None
     print(f"exported {out}")
+    return 0
+
+
+def _register_plan(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="per-GPU memory of a training config (rollout and training phases); refuses what cannot fit",
+        description="Estimate, before any model loads, what each GPU holds in a colocated step: the fp32 master "
+                    "and AdamW shards, gradients, the teacher, vLLM's weights and KV cache, activations and the "
+                    "loss head. The model's config.json is read offline (a local directory, a bundled config, or "
+                    "the Hugging Face cache). Exits 2 with the reason when the config cannot fit.")
+    p.add_argument("--file", dest="yaml_file", default=None, help="YAML config applied on top of the preset")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs (FSDP world size; default $WORLD_SIZE, else 8)")
+    p.add_argument("--gpu-gib", type=float, default=None,
+                   help="memory of one GPU in GiB (default: this machine's GPU, else an H200's 139)")
+    p.add_argument("preset", help="method preset, as for `mopd train`")
+    add_overrides_argument(p)
+    p.set_defaults(func=_plan)
+
+
+def _plan(args) -> int:
+    import os
+
+    from mopd.config import resolve
+    from mopd.core.errors import UserError
+    from mopd.train.memory_plan import H200_GIB, PlanError, plan_memory
+
+    cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    if not cfg.model.path:
+        raise UserError("model.path is empty: set model.path=DIR or a bundled name such as Qwen/Qwen3-4B-Instruct-2507")
+    gpu_gib = args.gpu_gib
+    if gpu_gib is None:
+        import torch
+
+        gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2 ** 30 if torch.cuda.is_available() else H200_GIB
+    try:
+        plan = plan_memory(cfg, gpu_gib=gpu_gib, world=args.gpus or int(os.environ.get("WORLD_SIZE", "8")))
+    except PlanError as e:
+        raise UserError(str(e)) from None
+    print(plan.render())
+    if not plan.fits:
+        raise UserError("the config does not fit: " + "; ".join(plan.problems))
     return 0
