@@ -141,3 +141,25 @@ def test_no_python_function_takes_more_than_8_parameters():
             if n > 8 and node.name not in SCHEMA_BOUND:
                 over.append(f"{path.name}:{node.lineno} {node.name} ({n})")
     assert not over, over
+
+
+def test_readme_usage_example_runs():
+    """The README's trainer example, run on tiny tensors (so the documented API cannot rot)."""
+    import re
+
+    text = (Path(mopd.kernels.__file__).parent / "README.md").read_text()
+    section = text.split("## Use it in a trainer", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    g = torch.Generator().manual_seed(0)
+    T, H, V = 40, 8, 97
+    lm_head, teacher_lm_head = torch.nn.Linear(H, V, bias=False), torch.nn.Linear(H, V, bias=False)
+    logged = []
+    env = dict(hidden=torch.randn(T, H, generator=g, requires_grad=True),
+               hidden_old=torch.randn(T, H, generator=g), teacher_hidden=torch.randn(T, H, generator=g),
+               lm_head=lm_head, teacher_lm_head=teacher_lm_head, targets=torch.randint(0, V, (T,), generator=g),
+               roles=torch.randint(-1, 3, (T,), generator=g), advantages=torch.randn(T, generator=g),
+               global_loss_tokens=2.0 * T, log=logged.append)
+    exec(compile(code, "README.md", "exec"), env)
+    assert env["hidden"].grad is not None and lm_head.weight.grad is not None
+    assert set(logged[0]) >= {"leader/clip_frac", "searcher/opd_log_ratio", "answerer/tokens"}
+    assert env["loss_fn"].settings.temperature == 0.6
