@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from mopd.kernels import RoleSpec, reference_policy_loss
+from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings, RoleSpec, reference_policy_loss
 from mopd.train.model import PackedCausalLM, load_causal_lm
 from mopd.train.packing import build_packed_batch, pack_sequences
 
@@ -43,9 +43,10 @@ def _packed_step(model, seqs, budget=8192):
     plan = pack_sequences([len(s[0]) for s in seqs], budget)[0]
     batches = [build_packed_batch(*zip(*[seqs[i] for i in mb])) for mb in plan]
     n = float(sum(b.loss_tokens for b in batches))
+    loss_fn = FusedLinearPolicyLoss(PolicyLossSettings(role_specs=SPECS))
     for b in batches:
-        loss, _ = policy(b, "loss", old_logp=b.sampling_logp, advantages=b.advantages, roles=b.roles,
-                         role_specs=SPECS, teacher_logp=b.sampling_logp - 0.1, normalizer=n)
+        b.old_logp, b.teacher_logp = b.sampling_logp, b.sampling_logp - 0.1
+        loss, _ = policy(b, loss_fn, normalizer=n)
         loss.backward()
     model.zero_grad(set_to_none=True)
 

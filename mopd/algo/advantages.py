@@ -17,11 +17,11 @@ Groups (Dr. MAS role-wise normalisation, DESIGN §4), keyed by the sampled promp
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, Hashable, List, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
-from mopd.config import AlgoConfig
+from mopd.config import AlgoConfig, Config
 from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.core.roles import ROLE_IDS, ROLES
 
@@ -51,21 +51,6 @@ def group_normalize(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch
     flat = (count[gid] < 2) | (std[gid] == 0)
     adv = torch.where(flat, torch.zeros_like(adv), adv)
     return adv.to(torch.float32)
-
-
-def opd_advantages(teacher_logp: torch.Tensor, old_logp: torch.Tensor, beta: float = 0.01,
-                   mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-token OPD advantage ``beta * (log pi_T - log pi_old)``, 0 where ``mask`` is 0.
-
-    It is computed whatever the outcomes are (also when all G rewards are equal); pass the
-    Searcher's loss mask so retrieved passages and prompts get 0.
-    """
-    if teacher_logp.shape != old_logp.shape:
-        raise ValueError(f"teacher_logp {tuple(teacher_logp.shape)} and old_logp {tuple(old_logp.shape)} differ")
-    adv = beta * (teacher_logp.float() - old_logp.float())
-    if mask is not None:
-        adv = adv * mask.to(adv.dtype)
-    return adv
 
 
 def group_key(record: WorkflowRecord) -> str:
@@ -114,6 +99,36 @@ def role_advantages(records: Sequence[WorkflowRecord], rewards: Sequence[Dict[st
     return out
 
 
+def step_advantages(cfg: Config, records: Sequence[WorkflowRecord],
+                    kl_sums: Optional[Dict[Tuple[int, str], float]] = None,
+                    judge: Optional[Dict[Tuple[int, str], float]] = None
+                    ) -> Tuple[List[Dict[str, float]], List[Dict[str, float]]]:
+    """Role rewards (after KL in reward) and advantages of every rewarded call, per record.
+
+    ``kl_sums[(i, call_id)]`` is the call's ``sum_t (log pi_old - log pi_ref)`` over its trained
+    tokens (needed when ``cfg.reward.kl_coef > 0``); ``judge[(i, call_id)]`` the critic's 0/1
+    verdict of a Searcher call (needed when ``cfg.reward.searcher == "critic"``, whose Searcher
+    rewards differ per call and are therefore normalised per call).
+    """
+    from mopd.algo.rewards import kl_in_reward, role_rewards
+
+    by_record: Dict[int, Dict[str, Dict[str, float]]] = defaultdict(lambda: {"kl": {}, "judge": {}})
+    for name, table in (("kl", kl_sums or {}), ("judge", judge or {})):
+        for (i, cid), v in table.items():
+            by_record[i][name][cid] = v
+    use_kl = cfg.reward.kl_coef > 0 and bool(cfg.reward.kl_roles)
+    if use_kl and kl_sums is None:
+        raise ValueError(f"KL in reward for {cfg.reward.kl_roles} needs the reference's log-probs")
+    rewards: List[Dict[str, float]] = []
+    for i, rec in enumerate(records):
+        r = role_rewards(rec, cfg.reward, by_record[i]["judge"] if judge is not None else None)
+        if use_kl:
+            r = kl_in_reward(r, rec, by_record[i]["kl"], cfg.reward.kl_roles, cfg.reward.kl_coef)
+        rewards.append(r)
+    per_call = ("searcher",) if cfg.reward.searcher == "critic" else ()
+    return rewards, role_advantages(records, rewards, per_call_roles=per_call, eps=cfg.algo.adv_eps)
+
+
 def role_specs(algo: AlgoConfig) -> list:
     """The fused loss's RoleSpec list, in ROLE_IDS order."""
     from mopd.kernels import RoleSpec
@@ -142,18 +157,3 @@ def call_token_signals(call: AgentCall, advantage: float | None) -> Tuple[List[i
             roles.extend([-1] * n)
             advs.extend([0.0] * n)
     return roles, advs
-
-
-def token_advantages(calls: Sequence[AgentCall], advantages: Sequence[float | None]
-                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate per-token (roles, advantages) of calls in packing order.
-
-    The trainer shifts them by one position with the targets (token t is predicted at t-1).
-    """
-    roles: List[int] = []
-    advs: List[float] = []
-    for call, a in zip(calls, advantages, strict=True):
-        r, v = call_token_signals(call, a)
-        roles.extend(r)
-        advs.extend(v)
-    return torch.tensor(roles, dtype=torch.long), torch.tensor(advs, dtype=torch.float32)

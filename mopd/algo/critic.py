@@ -54,6 +54,23 @@ class JudgeItem:
     summary: str
 
 
+def judge_items(records: Sequence) -> List[JudgeItem]:
+    """One item per Searcher call of every record, keyed ``"<record index>\t<call id>"``: the
+    question, the call's subtask (the question itself in C-MAS) and its last report ("" if none)."""
+    items = []
+    for i, rec in enumerate(records):
+        for call in rec.calls_of("searcher"):
+            reports = [e.text for e in rec.events if e.kind == "report" and e.call_id == call.call_id]
+            items.append(JudgeItem(f"{i}\t{call.call_id}", rec.question, call.parent or rec.question,
+                                   reports[-1] if reports else ""))
+    return items
+
+
+def verdicts_by_call(scores: Dict[str, float]) -> Dict[Tuple[int, str], float]:
+    """``judge_reports``' scores keyed (record index, call id), as the Searcher reward reads them."""
+    return {(int(k.split("\t")[0]), k.split("\t")[1]): v for k, v in scores.items()}
+
+
 def judge_reports(engine, tokenizer, items: Sequence[JudgeItem], *, max_new_tokens: int = 16,
                   temperature: float = 1.0, seed: int = 0) -> Tuple[Dict[str, float], int]:
     """Judge every report in one engine batch; returns ({key: 0/1}, number unparsable).

@@ -34,6 +34,11 @@ def team_outcome(candidate_scores: Sequence[float]) -> float:
     return float(max(candidate_scores)) if len(candidate_scores) else 0.0
 
 
+def team_em(record: WorkflowRecord) -> float:
+    """R_EM of one workflow: the best strict EM over its Answerer candidates."""
+    return team_outcome(candidate_scores(record))
+
+
 def candidate_score(call: AgentCall, answers: Sequence[str]) -> float:
     """c_j: strict EM of one Answerer call's output."""
     return exact_match(extract_answer(call.model_text()), answers)

@@ -18,7 +18,7 @@ rule is the strict answer). No candidate scores 0 under both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -108,3 +108,17 @@ def n_correct_distribution(correct: np.ndarray, dataset_index: np.ndarray, n_dat
     counts = n_correct_counts(correct, dataset_index, n_datasets)
     per_dataset = counts / counts.sum(-1, keepdims=True)
     return per_dataset, per_dataset.mean(-2)
+
+
+def validation_counts(records) -> List[float]:
+    """[strict correct, workflows, search actions, workflows without a search] of a batch of
+    records: sums, so that ranks can add theirs before :func:`validation_metrics` divides."""
+    return [float(sum(score_record(r)[0] for r in records)), float(len(records)),
+            float(sum(r.search_actions for r in records)), float(sum(1 for r in records if r.search_actions == 0))]
+
+
+def validation_metrics(counts: Sequence[float]) -> Dict[str, float]:
+    """``val/em``, ``val/search_per_workflow`` and ``val/no_search_frac`` from summed counts."""
+    correct, n, searches, no_search = (float(c) for c in counts)
+    n = max(n, 1.0)
+    return {"val/em": correct / n, "val/search_per_workflow": searches / n, "val/no_search_frac": no_search / n}

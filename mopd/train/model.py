@@ -122,18 +122,6 @@ def packed_hidden(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
     return out.last_hidden_state[rows, cols]
 
 
-@torch.no_grad()
-def packed_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.0,
-                    backend: str = "auto") -> torch.Tensor:
-    """log pi(target | history) at every position of a packed batch (no grad), fp32 [L]."""
-    from mopd.kernels import linear_logprobs
-
-    hidden = packed_hidden(model, batch)
-    logp, _ = linear_logprobs(hidden, lm_head_weight(model), batch.targets, temperature=temperature,
-                              with_entropy=False, backend=backend)
-    return logp.float()
-
-
 class PackedCausalLM(nn.Module):
     """A causal LM whose lm-head step is one of our kernels, run inside this module's forward.
 
@@ -146,20 +134,19 @@ class PackedCausalLM(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, batch: PackedBatch, mode: str = "logprobs", temperature: float = 1.0, **loss_kwargs):
+    def forward(self, batch: PackedBatch, loss=None, *, temperature: float = 1.0, normalizer=None):
+        """Without ``loss``: log pi(target | history) of every position at ``temperature``, fp32 [L]
+        (no-grad scoring of pi_old, the teacher, the reference). With ``loss`` (a
+        ``mopd.kernels.FusedLinearPolicyLoss``, which holds its own temperature): ``(loss, stats)`` of
+        the batch's loss inputs (``PackedBatch.loss_inputs``), normalised by ``normalizer``."""
         hidden = packed_hidden(self.lm, batch)
         weight = lm_head_weight(self.lm)
-        if mode == "logprobs":
+        if loss is None:
             from mopd.kernels import linear_logprobs
 
             logp, _ = linear_logprobs(hidden, weight, batch.targets, temperature=temperature, with_entropy=False)
             return logp.float()
-        if mode == "loss":
-            import mopd.kernels as kernels
-
-            return kernels.fused_linear_policy_loss(hidden, weight, batch.targets, temperature=temperature,
-                                                    **loss_kwargs)
-        raise ValueError(f"mode must be 'logprobs' or 'loss', not {mode!r}")
+        return loss(hidden, weight, batch.targets, batch.loss_inputs(), normalizer)
 
 
 def master_dtype(name: str, device: torch.device, sharded: bool) -> torch.dtype:

@@ -93,6 +93,9 @@ class PackedBatch:
     sampling_logp: torch.Tensor  # [L] float, log-prob the engine recorded for the predicted token
     items: List[int]             # indices of the packed sequences in the caller's list
     pad_tokens: int = 0
+    old_logp: Optional[torch.Tensor] = None      # [L] fp32 log pi_old, once scored
+    teacher_logp: Optional[torch.Tensor] = None  # [L] fp32 log pi_T (OPD), once scored
+    ref_logp: Optional[torch.Tensor] = None      # [L] fp32 log pi_ref (KL), once scored
 
     @property
     def num_tokens(self) -> int:
@@ -102,12 +105,14 @@ class PackedBatch:
     def loss_tokens(self) -> int:
         return int((self.roles >= 0).sum())
 
-    def attention_mask(self) -> torch.Tensor:
-        """Block-diagonal causal mask [1, 1, L, L] (True = may attend) for SDPA."""
-        L = self.num_tokens
-        same = self.seq_ids[:, None] == self.seq_ids[None, :]
-        causal = torch.ones(L, L, dtype=torch.bool, device=self.seq_ids.device).tril_()
-        return (same & causal)[None, None]
+    def loss_inputs(self):
+        """The per-token inputs of the fused loss (``mopd.kernels.LossInputs``), once scored."""
+        from mopd.kernels import LossInputs
+
+        if self.old_logp is None:
+            raise ValueError("the micro-batch has no old_logp yet: score it before computing the loss")
+        return LossInputs(roles=self.roles, old_logp=self.old_logp, advantages=self.advantages,
+                          teacher_logp=self.teacher_logp, ref_logp=self.ref_logp)
 
     def to(self, device) -> "PackedBatch":
         kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}

@@ -1,23 +1,26 @@
-"""From a step's records and scored micro-batches to the per-token training signals.
+"""A step's records as packed micro-batches, and per-call values read back from them.
 
-This is the glue between the pure method (``mopd.algo``) and the packed tensors: it sums the
-per-token ``old_logp - teacher_logp`` of every call (for KL in reward), asks the critic when the
-preset uses one, computes role rewards and role-wise advantages, and writes each call's
-advantage onto its model-written positions of the packed batches.
+This is the glue between the records (one agent call = one sequence) and the packed tensors the
+model and the loss see: :func:`pack_records` lays every call into micro-batches of at most
+``budget`` tokens, remembering where each call went (:class:`CallRef`); after scoring,
+:meth:`StepBatches.per_call_sums` sums a per-token value over each call's trained tokens (the KL in
+reward), and :meth:`StepBatches.fill_advantages` writes each call's advantage onto its trained
+positions. The method itself (rewards, grouping, advantages) is ``mopd.algo``'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from mopd.algo.advantages import role_advantages
-from mopd.algo.rewards import kl_in_reward, role_rewards
-from mopd.config import Config
+from mopd.algo.advantages import call_token_signals
 from mopd.core.records import AgentCall, WorkflowRecord
-from mopd.train.packing import PackedBatch
+from mopd.train.packing import PackedBatch, build_packed_batch, pack_sequences
+
+CallKey = Tuple[int, str]
+"""(record index, call id)."""
 
 
 @dataclass
@@ -30,64 +33,71 @@ class CallRef:
     seq: int = -1
 
 
-def per_call_sums(refs: Sequence[CallRef], batches: Sequence[PackedBatch], values: Sequence[torch.Tensor]
-                  ) -> Dict[Tuple[int, str], float]:
-    """Sum of ``values`` over each call's trained positions: {(record, call_id): sum}."""
-    out: Dict[Tuple[int, str], float] = {}
-    by_batch: Dict[int, List[CallRef]] = {}
-    for r in refs:
-        by_batch.setdefault(r.batch, []).append(r)
-    for b, members in by_batch.items():
-        batch, v = batches[b], values[b]
-        trained = (batch.roles >= 0).to(v.dtype)
-        n_seq = int(batch.seq_ids.max()) + 1
-        sums = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, batch.seq_ids.cpu(),
-                                                                  (v * trained).double().cpu())
-        for r in members:
-            out[(r.record, r.call.call_id)] = float(sums[r.seq])
-    return out
+@dataclass
+class StepBatches:
+    """The packed micro-batches of one step and where each call sits in them."""
+
+    refs: List[CallRef]
+    batches: List[PackedBatch]
+
+    def per_call_sums(self, values: Sequence[torch.Tensor]) -> Dict[CallKey, float]:
+        """Sum of ``values[b]`` over each call's trained positions: {(record, call_id): sum}."""
+        out: Dict[CallKey, float] = {}
+        for b, members in self._by_batch().items():
+            batch, v = self.batches[b], values[b]
+            trained = (batch.roles >= 0).to(v.dtype)
+            sums = torch.zeros(_num_seqs(batch), dtype=torch.float64).index_add_(
+                0, batch.seq_ids.cpu(), (v * trained).double().cpu())
+            for r in members:
+                out[(r.record, r.call.call_id)] = float(sums[r.seq])
+        return out
+
+    def fill_advantages(self, advantages: Sequence[Dict[str, float]]) -> None:
+        """Write each call's advantage on its trained positions (OPD calls, with none, keep 0)."""
+        by_batch = self._by_batch()
+        for b, batch in enumerate(self.batches):
+            seq_adv = torch.zeros(_num_seqs(batch), dtype=torch.float32)
+            for r in by_batch.get(b, []):
+                a = advantages[r.record].get(r.call.call_id)
+                if a is not None:
+                    seq_adv[r.seq] = a
+            batch.advantages = torch.where(batch.roles >= 0, seq_adv[batch.seq_ids.cpu()].to(batch.roles.device),
+                                           torch.zeros((), device=batch.roles.device))
+
+    def _by_batch(self) -> Dict[int, List[CallRef]]:
+        out: Dict[int, List[CallRef]] = {}
+        for r in self.refs:
+            out.setdefault(r.batch, []).append(r)
+        return out
 
 
-def compute_advantages(cfg: Config, records: Sequence[WorkflowRecord], refs: Sequence[CallRef],
-                       batches: Sequence[PackedBatch], old_logp: Sequence[torch.Tensor],
-                       teacher_logp: Optional[Sequence[torch.Tensor]],
-                       judge: Optional[Dict[Tuple[int, str], float]] = None
-                       ) -> Tuple[List[Dict[str, float]], List[Dict[str, float]]]:
-    """Role rewards (after KL in reward) and advantages of every call, per record."""
-    kl_sums: Dict[Tuple[int, str], float] = {}
-    if cfg.reward.kl_coef > 0 and cfg.reward.kl_roles:
-        if teacher_logp is None:
-            raise ValueError(f"KL in reward for {cfg.reward.kl_roles} needs teacher log-probs; set teacher.path")
-        diffs = [o - t for o, t in zip(old_logp, teacher_logp)]
-        kl_sums = per_call_sums(refs, batches, diffs)
-    rewards: List[Dict[str, float]] = []
-    for i, rec in enumerate(records):
-        rec_judge = None
-        if judge is not None:
-            rec_judge = {cid: v for (ri, cid), v in judge.items() if ri == i}
-        r = role_rewards(rec, cfg.reward, rec_judge)
-        if kl_sums:
-            r = kl_in_reward(r, rec, {cid: v for (ri, cid), v in kl_sums.items() if ri == i},
-                             cfg.reward.kl_roles, cfg.reward.kl_coef)
-        rewards.append(r)
-    per_call = ("searcher",) if cfg.reward.searcher == "critic" else ()
-    advs = role_advantages(records, rewards, per_call_roles=per_call, eps=cfg.algo.adv_eps)
-    return rewards, advs
+def _num_seqs(batch: PackedBatch) -> int:
+    return int(batch.seq_ids.max()) + 1
 
 
-def fill_advantages(batches: Sequence[PackedBatch], refs: Sequence[CallRef],
-                    advantages: Sequence[Dict[str, float]]) -> None:
-    """Write each call's advantage on its trained positions (OPD calls, with none, keep 0)."""
-    per_batch: Dict[int, Dict[int, float]] = {}
-    for r in refs:
-        a = advantages[r.record].get(r.call.call_id)
-        if a is not None:
-            per_batch.setdefault(r.batch, {})[r.seq] = a
-    for b, batch in enumerate(batches):
-        table = per_batch.get(b, {})
-        n_seq = int(batch.seq_ids.max()) + 1
-        seq_adv = torch.zeros(n_seq, dtype=torch.float32)
-        for s, a in table.items():
-            seq_adv[s] = a
-        batch.advantages = torch.where(batch.roles >= 0, seq_adv[batch.seq_ids.cpu()].to(batch.roles.device),
-                                       torch.zeros((), device=batch.roles.device))
+def pack_records(records: Sequence[WorkflowRecord], budget: int, *, device: torch.device, pad_id: int = 0,
+                 agree_count: Callable[[int], int] = lambda n: n) -> StepBatches:
+    """Every call with something to predict, packed into micro-batches of at most ``budget`` tokens
+    (roles and sampling log-probs per token, advantages 0 until filled).
+
+    ``agree_count(n)`` returns the number of micro-batches every rank must run (the maximum over
+    ranks under FSDP); the missing ones are empty (one pad token, role -1).
+    """
+    refs = [CallRef(i, c) for i, rec in enumerate(records) for c in rec.calls if len(c) > 1]
+    plan = pack_sequences([len(r.call) for r in refs], budget)[0]
+    plan = plan + [[] for _ in range(agree_count(len(plan)) - len(plan))]
+    pad = 8 if device.type == "cuda" else 1
+    batches: List[PackedBatch] = []
+    for b, members in enumerate(plan):
+        toks, roles, lps = [], [], []
+        for s, idx in enumerate(members):
+            r = refs[idx]
+            r.batch, r.seq = b, s
+            rl, _ = call_token_signals(r.call, 0.0)
+            toks.append(r.call.token_ids())
+            roles.append(rl)
+            lps.append(r.call.sampling_logprobs())
+        advs = [[0.0] * len(rl) for rl in roles]
+        batches.append(build_packed_batch(toks, roles, advs, lps, items=members, pad_to_multiple=pad,
+                                          pad_id=pad_id).to(device))
+    return StepBatches(refs, batches)

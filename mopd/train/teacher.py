@@ -41,7 +41,7 @@ class Teacher:
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-        return self.scorer(batch, "logprobs", temperature=temperature)
+        return self.scorer(batch, temperature=temperature)
 
 
 class FrozenModels(NamedTuple):

@@ -8,9 +8,7 @@ from mopd.algo.advantages import (
     ROLE_IDS,
     call_token_signals,
     group_normalize,
-    opd_advantages,
     role_advantages,
-    token_advantages,
 )
 
 
@@ -38,15 +36,6 @@ def test_group_normalize_equal_rewards_and_random_groups():
             expect = (r[m] - r[m].mean()) / (r[m].std() + 1e-6)
             assert torch.allclose(adv[m], expect.float(), atol=1e-5)
     assert torch.isfinite(adv).all()
-
-
-def test_opd_advantages():
-    t = torch.tensor([-1.0, -50.0, -0.1])
-    o = torch.tensor([-2.0, -1.0, -0.1])
-    m = torch.tensor([1, 1, 0])
-    assert opd_advantages(t, o, 0.01, m).tolist() == pytest.approx([0.01, -0.49, 0.0])
-    with pytest.raises(ValueError):
-        opd_advantages(t, o[:2])
 
 
 def test_role_advantages_searchers_share_trajectory_advantage():
@@ -92,9 +81,9 @@ def test_token_signals_land_on_model_tokens_only():
     assert adv == [0, 0, 0, 0.75, 0.75, 0, 0, 0, 0.75, 0.75]
     assert [r >= 0 for r in roles] == [bool(m) for m in c.loss_mask()]
     a = call("a0", "answerer", ["<answer>x</answer>"], env_len=1)
-    R, A = token_advantages([c, a], [None, -2.0])
-    assert R.tolist() == [-1, -1, -1, sid, sid, -1, -1, -1, sid, sid, -1, 2, 2]
-    assert A.tolist() == [0.0] * 11 + [-2.0, -2.0]
+    # an OPD call (advantage None) carries 0: the loss forms its advantage from the teacher
+    assert call_token_signals(c, None) == (roles, [0.0] * len(roles))
+    assert call_token_signals(a, -2.0) == ([-1, 2, 2], [0.0, -2.0, -2.0])
 
 
 def test_two_copies_of_one_question_in_a_step_form_two_groups():

@@ -6,10 +6,10 @@ import math
 import torch
 from builders import call, record, search
 
-from mopd.algo.advantages import ROLE_IDS, role_advantages, role_specs, token_advantages
+from mopd.algo.advantages import ROLE_IDS, call_token_signals, role_advantages, role_specs
 from mopd.algo.rewards import kl_in_reward, role_rewards
 from mopd.config import resolve
-from mopd.kernels import fused_linear_policy_loss
+from mopd.kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
 
 
 def test_stage2_batch_loss_equals_hand_computation():
@@ -39,7 +39,9 @@ def test_stage2_batch_loss_equals_hand_computation():
 
     calls = [c for r in recs for c in r.calls]
     per_call = [advs[i].get(c.call_id) for i, r in enumerate(recs) for c in r.calls]
-    roles, adv = token_advantages(calls, per_call)
+    signals = [call_token_signals(c, a) for c, a in zip(calls, per_call, strict=True)]
+    roles = torch.tensor([r for rl, _ in signals for r in rl])
+    adv = torch.tensor([v for _, av in signals for v in av])
     T = roles.numel()
     g = torch.Generator().manual_seed(0)
     H, V = 16, 23
@@ -49,8 +51,9 @@ def test_stage2_batch_loss_equals_hand_computation():
     old = torch.randn(T, generator=g) - 3
     teacher = torch.randn(T, generator=g) - 3
     specs = role_specs(cfg.algo)
-    loss, _ = fused_linear_policy_loss(hidden, weight, targets, old, adv, roles, specs, teacher_logp=teacher,
-                                       backend="reference")
+    loss, _ = fused_linear_policy_loss(hidden, weight, targets,
+                                       LossInputs(roles=roles, old_logp=old, advantages=adv, teacher_logp=teacher),
+                                       PolicyLossSettings(role_specs=specs, backend="reference"))
 
     # the formulas, token by token
     logp_all = torch.log_softmax(hidden @ weight.T, -1)

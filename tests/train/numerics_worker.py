@@ -37,15 +37,17 @@ def loss_inputs(ref_policy, batch, seed):
     """pi_old near the model's own log-probs and teacher log-probs with digits bf16 cannot hold."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        old = ref_policy(batch, "logprobs").float()
+        old = ref_policy(batch).float()
     old = old + 1e-3 * torch.randn(old.shape, generator=g)
     teacher = -12.3456789 + torch.randn(old.shape, generator=g) * 1e-3
     return old.contiguous(), teacher.contiguous()
 
 
 def step_loss(policy, batch, old, teacher, specs, normalizer):
-    loss, _ = policy(batch, "loss", old_logp=old, advantages=batch.advantages, roles=batch.roles,
-                     role_specs=specs, teacher_logp=teacher, normalizer=normalizer)
+    from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings
+
+    batch.old_logp, batch.teacher_logp = old, teacher
+    loss, _ = policy(batch, FusedLinearPolicyLoss(PolicyLossSettings(role_specs=specs)), normalizer=normalizer)
     return loss
 
 

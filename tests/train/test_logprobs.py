@@ -1,10 +1,10 @@
 import torch
 
-from mopd.train.model import load_causal_lm, packed_logprobs
+from mopd.train.model import PackedCausalLM, load_causal_lm
 from mopd.train.packing import build_packed_batch
 
 
-def test_packed_logprobs_equal_unpacked(tiny_model_dir):
+def test_packed_forward_logprobs_equal_unpacked(tiny_model_dir):
     model, _ = load_causal_lm(tiny_model_dir, dtype=torch.float32, device=torch.device("cpu"))
     model.eval()
     g = torch.Generator().manual_seed(0)
@@ -13,7 +13,8 @@ def test_packed_logprobs_equal_unpacked(tiny_model_dir):
     zeros = [[0] * len(s) for s in seqs]
     batch = build_packed_batch(seqs, [[1] * len(s) for s in seqs], zeros, zeros)
     for temperature in (1.0, 0.7):
-        got = packed_logprobs(model, batch, temperature, backend="torch")
+        with torch.no_grad():
+            got = PackedCausalLM(model)(batch, temperature=temperature)
         start = 0
         for s in seqs:
             with torch.no_grad():

@@ -7,6 +7,8 @@ import torch
 from fakes import FakeRetriever, tiny_overrides
 
 from mopd.config import resolve
+from mopd.rollout.run_state import WorkflowSettings
+from mopd.train.model import PackedCausalLM
 from mopd.train.trainer import PolicyTrainer, TrainingError
 
 
@@ -38,7 +40,7 @@ def test_stage1_step_completes_and_logs(tiny_model_dir, qa_file, tmp_path):
 def test_stage2_step_with_teacher(tiny_model_dir, qa_file, tmp_path):
     t = make_trainer("mopd", tiny_model_dir, qa_file, tmp_path / "run", **{"teacher.path": tiny_model_dir})
     m = t.fit(1)
-    assert t.step == 1 and t.teacher is not None
+    assert t.step == 1 and t.frozen.teacher is not None
     # the teacher is the initial policy: its log-probs equal the student's before the update
     assert "loss/total" in m and m["loss/skipped_updates"] == 0.0
 
@@ -95,7 +97,7 @@ def test_resume_is_exact(tiny_model_dir, qa_file, tmp_path):
 
 def test_export_then_reload_gives_same_logprobs(tiny_model_dir, qa_file, tmp_path):
     from mopd.cli import main
-    from mopd.train.model import load_causal_lm, packed_logprobs
+    from mopd.train.model import load_causal_lm
     from mopd.train.packing import build_packed_batch
 
     t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run")
@@ -104,38 +106,34 @@ def test_export_then_reload_gives_same_logprobs(tiny_model_dir, qa_file, tmp_pat
     z = [[0.0] * 7]
     b = build_packed_batch(seqs, [[0] * 7], z, z)
     t.model.eval()
-    mine = packed_logprobs(t.model, b)
+    with torch.no_grad():
+        mine = t.policy(b)
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     m2, _ = load_causal_lm(str(tmp_path / "hf"), dtype=torch.float32, device=torch.device("cpu"))
     m2.eval()
-    assert torch.allclose(packed_logprobs(m2, b), mine, atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(PackedCausalLM(m2)(b), mine, atol=1e-5)
 
 
 def test_fixed_batch_loss_goes_down(tiny_model_dir, qa_file, tmp_path):
     t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run", **{"trainer.lr": 3e-3})
-    t.model.eval()
-    records = t._rollout(t.sampler.take(t.train_questions), step_seed=1, attempts=2, candidates=2,
-                         temperature=1.0, top_p=1.0)
-    t.model.train()
-    refs, batches = t._pack(records)
-    from mopd.train.model import packed_logprobs
-    from mopd.train.signals import fill_advantages
-
-    old = [packed_logprobs(t.model, b) for b in batches]
+    settings = WorkflowSettings.for_training(t.cfg, seed=1)
+    records = t.rollout(t.sampler.take(t.train_questions), settings, attempts=2)
+    step = t.score(records)
     # fixed, non-trivial advantages: +1 on the first half of the calls, -1 on the rest
     advs = [dict() for _ in records]
-    for i, r in enumerate(refs):
+    for i, r in enumerate(step.refs):
         advs[r.record][r.call.call_id] = 1.0 if i % 2 == 0 else -1.0
-    fill_advantages(batches, refs, advs)
-    losses = [t._ppo_updates(batches, old, None)["loss/total"] for _ in range(6)]
+    step.fill_advantages(advs)
+    losses = [t.update(step.batches).means()["loss/total"] for _ in range(6)]
     assert losses[-1] < losses[0]
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
 def test_nonfinite_loss_is_skipped_logged_then_stops(tiny_model_dir, qa_file, tmp_path, monkeypatch):
-    import mopd.kernels as kernels
+    from mopd.kernels import FusedLinearPolicyLoss
 
-    real = kernels.fused_linear_policy_loss
+    real = FusedLinearPolicyLoss.forward
     calls = {"n": 0}
 
     def poisoned(*a, **k):
@@ -143,7 +141,7 @@ def test_nonfinite_loss_is_skipped_logged_then_stops(tiny_model_dir, qa_file, tm
         calls["n"] += 1
         return loss * float("nan"), stats
 
-    monkeypatch.setattr(kernels, "fused_linear_policy_loss", poisoned)
+    monkeypatch.setattr(FusedLinearPolicyLoss, "forward", poisoned)
     t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run", **{"trainer.max_bad_steps": 3})
     before = params(t.model)
     m = t.train_step()                        # two mini-batches, both poisoned: skipped, not applied
@@ -166,7 +164,7 @@ def test_lost_retriever_stops_cleanly_with_checkpoint(tiny_model_dir, qa_file, t
     def rollout_that_searches(*a, **k):
         raise RetrieverUnavailable("http://127.0.0.1:9 unreachable after 5 retries")
 
-    t._rollout_fn = rollout_that_searches
+    t.rollout_fn = rollout_that_searches
     with pytest.raises(TrainingError, match="retriever is unreachable"):
         t.fit(2)
     assert (tmp_path / "run" / "checkpoints" / "step_000000").is_dir()
@@ -180,9 +178,9 @@ def test_rollout_old_logprobs_match_recompute_and_skip_the_forward(tiny_model_di
         calls = []
         forward = t.policy.forward
 
-        def counting(batch, what, *a, _f=forward, **kw):
-            calls.append(what)
-            return _f(batch, what, *a, **kw)
+        def counting(batch, loss=None, _f=forward, **kw):
+            calls.append("loss" if loss is not None else "logprobs")
+            return _f(batch, loss, **kw)
 
         t.policy.forward = counting
         m = t.fit(1)
