@@ -273,3 +273,19 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
                              f"{plan.max_model_len} (raise rollout.gpu_memory_utilization or lower "
                              "rollout.max_input_tokens/max_output_tokens)")
     return plan
+
+
+def shard_frozen_models(cfg, world: int, gpu_gib: float | None = None) -> bool:
+    """Whether the teacher/reference should be FSDP2-sharded rather than replicated in bf16 on
+    every GPU: replicate (no all-gather per scoring micro-batch) when the plan fits that way.
+    One process never shards; a model whose shape cannot be read is sharded (the safe choice)."""
+    if world <= 1:
+        return False
+    if gpu_gib is None:
+        import torch
+
+        gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else H200_GIB
+    try:
+        return plan_memory(cfg, gpu_gib=gpu_gib, world=world).teacher_placement != "replicated in bf16 on every GPU"
+    except (PlanError, OSError, ValueError):
+        return True

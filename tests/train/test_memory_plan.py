@@ -95,3 +95,14 @@ def test_cli_prints_the_plan_and_exits_2_when_it_cannot_fit(capsys):
     assert "FITS" in capsys.readouterr().out
     assert main(["plan", "--gpus", "8", "--gpu-gib", "24", "mopd", f"model.path={QWEN}"]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+def test_frozen_models_are_replicated_when_they_fit_and_sharded_otherwise():
+    from mopd.train.memory_plan import shard_frozen_models
+
+    cfg = resolve("mopd", [f"model.path={QWEN}"])
+    assert not shard_frozen_models(cfg, world=8, gpu_gib=139)
+    assert shard_frozen_models(resolve("mopd", [f"model.path={QWEN}", "rollout.gpu_memory_utilization=0.7"]),
+                               world=8, gpu_gib=40)
+    assert not shard_frozen_models(cfg, world=1, gpu_gib=40)
+    assert shard_frozen_models(resolve("mopd", ["model.path=/nowhere/model"]), world=8, gpu_gib=139)
