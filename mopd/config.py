@@ -261,7 +261,7 @@ class AlgoConfig:
 
 def role_names() -> List[str]:
     """The roles this config can train: the RoleLossConfig fields of AlgoConfig, in field order
-    (the same order as ``mopd.core.roles.ROLES``, which a test checks)."""
+    (the built-in roles of ``mopd.core.roles``, in the same order, which a test checks)."""
     return [f.name for f in dataclasses.fields(AlgoConfig) if f.type in ("RoleLossConfig", RoleLossConfig)]
 
 

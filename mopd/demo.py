@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from mopd.config import Config, resolve
+from mopd.eval.bootstrap import DEFAULT_SEED
 
 
 @dataclass
@@ -115,7 +116,7 @@ CLAIMS = [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
 """The paper's two claims the demo checks: Stage I beats its base, MultiAgent-OPD beats H-MAS base."""
 
 
-def check_claims(runs: Dict[str, Path], draws: int, seed: int = 20260912) -> List[dict]:
+def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) -> List[dict]:
     """Paired question-bootstrap difference of strict macro avg@K for each claim: the trained system
     minus its base, with its 95% interval; a claim holds when the whole interval is above 0."""
     from mopd.eval.report import load_runs
@@ -221,7 +222,7 @@ def run_demo(s: DemoSettings) -> Path:
 
     names = [n for n, _, _ in systems]
     report = report_runs(runs, root / "report", names=names, reference="MultiAgent-OPD",
-                         draws=s.bootstrap_draws, seed=20260912, validation_logs=logs, validation_labels=labels,
+                         draws=s.bootstrap_draws, seed=DEFAULT_SEED, validation_logs=logs, validation_labels=labels,
                          title="MultiAgent-OPD on the built-in tiny world")
     claims = check_claims(dict(zip(names, runs)), draws=s.bootstrap_draws)
     (root / "report" / "claims.json").write_text(json.dumps(claims, indent=2))

@@ -4,13 +4,16 @@
 ``compute_grpo_outcome_advantage`` and TRL's GRPO trainer do, so numbers match what users of
 those trainers expect. A group of one, or a group whose rewards are all equal, gets advantage 0.
 
-Groups (Dr. MAS role-wise normalisation, DESIGN §4), keyed by the sampled prompt
-(``WorkflowRecord.group_id``, verl's uid), not by the question id:
-- Leader, and Searchers with a trajectory-level reward: one value per trajectory, normalised over
-  the G trajectories of the same prompt; every call of the role in a trajectory takes it.
+Groups (Dr. MAS role-wise normalisation, docs/method.md), keyed by the sampled prompt
+(``WorkflowRecord.group_id``, verl's uid), not by the question id; each role's ``grouping`` in the
+role table (``mopd.core.roles``) says which:
+- ``trajectory`` roles (Leader, Searchers with a trajectory-level reward): one value per
+  trajectory, normalised over the G trajectories of the same prompt; every call of the role in a
+  trajectory takes it.
 - Searchers with per-call rewards (the prompted critic): normalised over all Searcher calls of the
   prompt's G trajectories.
-- Answerer: over the candidates of one answering request (``AgentCall.group``).
+- ``request`` roles (the Answerer): over the calls of one request (``AgentCall.group``: the
+  candidates of one answering request).
 - OPD roles take no outcome advantage: per token ``beta * (teacher_logp - old_logp)``.
 """
 
@@ -21,9 +24,11 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
-from mopd.config import AlgoConfig, Config
+from mopd.config import AlgoConfig, Config, RoleLossConfig
+from mopd.config import role_names as configured_roles
 from mopd.core.records import AgentCall, WorkflowRecord
-from mopd.core.roles import ROLE_IDS, ROLES
+from mopd.core.roles import role as role_of
+from mopd.core.roles import role_id, role_names
 
 """Row of each role in the role_specs list handed to the fused loss (leader 0, searcher 1, answerer 2)."""
 
@@ -65,7 +70,7 @@ def role_advantages(records: Sequence[WorkflowRecord], rewards: Sequence[Dict[st
 
     ``rewards[i]`` maps call ids of ``records[i]`` to their (KL-adjusted) reward; calls without a
     reward (OPD Searchers) get no advantage. ``per_call_roles`` lists the trajectory roles whose
-    rewards differ per call (``searcher`` under the critic); the Answerer is always per call.
+    rewards differ per call (``searcher`` under the critic); ``request`` roles are always per call.
     """
     if len(records) != len(rewards):
         raise ValueError(f"{len(records)} records but {len(rewards)} reward maps")
@@ -76,10 +81,9 @@ def role_advantages(records: Sequence[WorkflowRecord], rewards: Sequence[Dict[st
             if call.call_id in rw:
                 by_role[call.role].append(call)
         for role, calls in by_role.items():
-            if role == "answerer":
+            if role_of(role).grouping == "request":
                 for c in calls:
-                    units.append((("answerer", group_key(rec), rec.attempt, c.group), rw[c.call_id],
-                                  [(i, c.call_id)]))
+                    units.append(((role, group_key(rec), rec.attempt, c.group), rw[c.call_id], [(i, c.call_id)]))
             elif role in per_call_roles:
                 for c in calls:
                     units.append(((role, group_key(rec)), rw[c.call_id], [(i, c.call_id)]))
@@ -130,12 +134,13 @@ def step_advantages(cfg: Config, records: Sequence[WorkflowRecord],
 
 
 def role_specs(algo: AlgoConfig) -> list:
-    """The fused loss's RoleSpec list, in ROLE_IDS order."""
+    """The fused loss's RoleSpec list, in role-id order (a role the config does not name takes
+    the default ``RoleLossConfig()``: GRPO on its outcome reward)."""
     from mopd.kernels import RoleSpec
 
     return [RoleSpec(advantage=s.advantage, opd_coef=s.opd_coef, pg_coef=s.pg_coef,
                      entropy_coef=s.entropy_coef, kl_coef=s.kl_coef, kl_type=s.kl_type)
-            for s in (algo.role(r) for r in ROLES)]
+            for s in (algo.role(r) if r in configured_roles() else RoleLossConfig() for r in role_names())]
 
 
 def call_token_signals(call: AgentCall, advantage: float | None) -> Tuple[List[int], List[float]]:
@@ -144,7 +149,7 @@ def call_token_signals(call: AgentCall, advantage: float | None) -> Tuple[List[i
     Outcome roles carry their call advantage on every model token; OPD roles (advantage None)
     carry 0 there, and the loss turns ``teacher_logp - old_logp`` into their advantage.
     """
-    rid = ROLE_IDS[call.role]
+    rid = role_id(call.role)
     a = 0.0 if advantage is None else float(advantage)
     roles: List[int] = []
     advs: List[float] = []

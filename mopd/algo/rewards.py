@@ -26,6 +26,8 @@ from typing import Dict, List, Optional, Sequence
 
 from mopd.config import RewardConfig
 from mopd.core.records import AgentCall, WorkflowRecord
+from mopd.core.roles import BUILTIN_ROLES, role_names
+from mopd.core.roles import role as role_of
 from mopd.core.scoring import exact_match, extract_answer
 
 
@@ -124,7 +126,22 @@ def role_rewards(record: WorkflowRecord, cfg: RewardConfig,
                 r_s = cfg.invalid_reward
             for c in searchers:
                 out[c.call_id] = r_s
+
+    for name in role_names():
+        if name not in BUILTIN_ROLES:
+            out.update(_added_role_rewards(record, name, r_em, cfg.invalid_reward))
     return out
+
+
+def _added_role_rewards(record: WorkflowRecord, name: str, r_em: float, invalid_reward: float) -> Dict[str, float]:
+    """A role added to the table learns from the outcome by default: a ``request`` role's calls
+    from their own answers' EM (like Answerer candidates), a ``trajectory`` role's from the team
+    outcome R_EM; an invalid output gets ``invalid_reward``."""
+    calls = record.calls_of(name)
+    if role_of(name).grouping == "request":
+        return {c.call_id: invalid_reward if c.invalid else candidate_score(c, record.answers) for c in calls}
+    r = invalid_reward if any(c.invalid for c in calls) else r_em
+    return {c.call_id: r for c in calls}
 
 
 def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dict[str, float],
@@ -145,9 +162,9 @@ def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dic
         if missing:
             raise ValueError(f"KL in reward for role {role!r} needs old and teacher log-probs of calls {missing} "
                              f"(question {record.question_id}); compute them before the rewards")
-        if role == "answerer":
+        if role_of(role).grouping == "request":
             for c in calls:
-                if not answerer_invalid(c):
+                if not (answerer_invalid(c) if role == "answerer" else c.invalid):
                     out[c.call_id] = rewards[c.call_id] - coef * kl_sums[c.call_id]
         elif not any(c.invalid for c in calls):
             total = sum(kl_sums[c.call_id] for c in calls)

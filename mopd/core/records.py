@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional
 
-from mopd.core.roles import ROLES
+from mopd.core.roles import role_names
 
 SCHEMA_VERSION = 1
 
@@ -83,8 +83,8 @@ class AgentCall:
     """A turn's prompt exceeded max_input_tokens and was cut (the call was then ended)."""
 
     def __post_init__(self):
-        if self.role not in ROLES:
-            raise RecordError(f"call role must be one of {ROLES}, not {self.role!r}")
+        if self.role not in role_names():
+            raise RecordError(f"call role must be one of {role_names()}, not {self.role!r}")
 
     # Flattened views used by the trainer ---------------------------------------------------
     def token_ids(self) -> List[int]:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from mopd.core.roles import ROLE_TABLE
 from mopd.rollout import prompts
 
 _MESSAGE = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
@@ -21,8 +22,6 @@ _INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 _LEADER_REPORT = re.compile(r"^Report (\d+) \(task: (.*?)\):\n(.*?)(?=\n\nReport \d+ \(task: |\Z)",
                             re.DOTALL | re.MULTILINE)
 _ANSWERER_REPORT = re.compile(r"^Report \d+: (.*)$", re.MULTILINE)
-_ROLE_OF_SYSTEM = {prompts.SEARCHER_SYSTEM: "searcher", prompts.LEADER_SYSTEM: "leader",
-                   prompts.ANSWERER_SYSTEM: "answerer"}
 
 
 @dataclass
@@ -70,9 +69,11 @@ def parse_docs(information: str) -> List[Doc]:
 def read_prompt(prompt: str) -> PromptView:
     """The :class:`PromptView` of a decoded request (special tokens kept)."""
     messages = split_messages(prompt)
-    if not messages or messages[0][0] != "system" or messages[0][1] not in _ROLE_OF_SYSTEM:
+    system = messages[0][1] if messages and messages[0][0] == "system" else ""
+    role = next((r.name for r in ROLE_TABLE.values() if r.system_prompt == system), None)
+    if role is None:
         raise ValueError("not a prompt of one of the team's roles (unknown system message)")
-    view = PromptView(role=_ROLE_OF_SYSTEM[messages[0][1]])
+    view = PromptView(role=role)
     users = [c for r, c in messages if r == "user"]
     view.outputs = [c for r, c in messages[1:] if r == "assistant" and c]
     first = users[0] if users else ""

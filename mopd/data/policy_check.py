@@ -14,8 +14,8 @@ from typing import Dict, Sequence
 def summarize(records) -> Dict[str, object]:
     """Answer validity (Answerer outputs with a valid ``<answer>`` action), invalid calls, strict
     EM overall and per dataset, searches and tokens per workflow."""
+    from mopd.core.actions import parse_answerer
     from mopd.core.scoring import exact_match
-    from mopd.rollout.actions import parse_answerer
 
     answers = [c for r in records for c in r.calls_of("answerer")]
     calls = [c for r in records for c in r.calls]

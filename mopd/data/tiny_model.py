@@ -40,9 +40,9 @@ August September October November December north south east west old new first s
 
 
 def default_corpus() -> List[str]:
-    from mopd.rollout.prompts import ALL_PROMPT_TEXTS
+    from mopd.rollout.prompts import all_prompt_texts
 
-    return list(ALL_PROMPT_TEXTS) + _BUILTIN_TEXT.splitlines()
+    return list(all_prompt_texts()) + _BUILTIN_TEXT.splitlines()
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024):

@@ -151,7 +151,7 @@ def tokenizer_texts(world_dir) -> List[str]:
     from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
     from mopd.data.tinyworld import WorldPaths, load_split
     from mopd.data.world_kb import name_vocabulary
-    from mopd.rollout.prompts import ALL_PROMPT_TEXTS
+    from mopd.rollout.prompts import all_prompt_texts
 
     paths = WorldPaths.of(world_dir)
     with paths.corpus.open(encoding="utf-8") as f:
@@ -161,7 +161,7 @@ def tokenizer_texts(world_dir) -> List[str]:
     chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
     names = name_vocabulary()
     name_lines = [" ".join(names[i:i + 20]) for i in range(0, len(names), 20)]
-    return texts + (list(ALL_PROMPT_TEXTS) + [chat_roles]) * PROMPT_WEIGHT + name_lines * NAME_WEIGHT
+    return texts + (list(all_prompt_texts()) + [chat_roles]) * PROMPT_WEIGHT + name_lines * NAME_WEIGHT
 
 
 def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),

@@ -24,8 +24,10 @@ from typing import List, Tuple
 
 import numpy as np
 
-DEFAULT_DRAWS = 4000
-DEFAULT_SEED = 20260912
+from mopd.config import EvalConfig
+
+DEFAULT_DRAWS = EvalConfig.bootstrap_draws
+DEFAULT_SEED = EvalConfig.bootstrap_seed
 PERCENTILES = (2.5, 97.5)
 _CHUNK_CELLS = 4_000_000  # draws x questions per multiplicity chunk (~32 MB of float64)
 

@@ -23,13 +23,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from mopd.core.records import RecordError, WorkflowRecord, write_records
 from mopd.eval.alignment import EvalError
+from mopd.eval.loading import RECORDS_FILE
 from mopd.rollout.run_state import WorkflowSettings
 
-RECORDS_FILE = "records.jsonl"
 RUN_FILE = "run.json"
 RunWorkflows = Callable[..., List[WorkflowRecord]]
 """``run_workflows(engine, retriever, tokenizer, questions, settings, *, attempts, method, progress)
--> records`` (``mopd.rollout.scheduler.run_workflows``)."""
+-> records``; default: the asynchronous scheduler (``mopd.rollout.async_scheduler.run_workflows_async``),
+whose records are the lock-step ``mopd.rollout.scheduler.run_workflows``'s."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, plan: Eval
         dup = next(k for k in keys if keys.count(k) > 1)
         raise EvalError(f"question {dup[0]}/{dup[1]} appears twice in the manifest")
     if run_fn is None:
-        from mopd.rollout.scheduler import run_workflows as run_fn
+        from mopd.rollout.async_scheduler import run_workflows_async as run_fn
     out, attempts, method = plan.out_dir, plan.attempts, plan.method
     out.mkdir(parents=True, exist_ok=True)
     settings = plan.fixed_settings()

@@ -10,7 +10,7 @@ not pull in torch):
   ``scripted_engine.ScriptedEngine`` (replays texts: demonstrations, tests).
 - ``mopd.rollout.prompts``: role prompts and the exact rendering of everything an agent reads;
   ``mopd.rollout.chat.continuation_ids`` appends an environment turn token-exactly.
-- ``mopd.rollout.actions``: the action grammar's parsers.
+- ``mopd.core.actions``: the action grammar's parsers.
 - ``mopd.core.records``: the records themselves.
 - ``mopd.data.tiny_model.init_tiny_model``: a random small Qwen3 model for tests and demos.
 """

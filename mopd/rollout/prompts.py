@@ -6,7 +6,7 @@ functions here: the first prompt of each role (``render_*_prompt`` -> token ids 
 template) and the content of each later environment turn (``searcher_feedback``,
 ``leader_feedback``), appended with :func:`mopd.rollout.chat.continuation_ids`.
 
-The action grammar (DESIGN §5), as the prompts explain it:
+The action grammar (``mopd.core.actions``), as the prompts explain it:
 - Searcher: ``<search>query</search>`` (passages come back in ``<information>``) or
   ``<report>...</report>`` (ends the Searcher's work).
 - Leader: one or more ``<subtask>...</subtask>`` (a wave of parallel Searchers) or
@@ -17,21 +17,12 @@ Every role may think first inside ``<think>...</think>``.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
+from mopd.core.roles import ANSWERER_SYSTEM, LEADER_SYSTEM, ROLE_TABLE, SEARCHER_SYSTEM
 from mopd.retriever.passage import format_passages
 from mopd.rollout.chat import render_ids
 
-SEARCHER_SYSTEM = (
-    "You are a Searcher on a question-answering team. You look up evidence with a search engine "
-    "and report what you find.\n"
-    "In each turn you may first think inside <think>...</think>. Then write exactly one action "
-    "and nothing else:\n"
-    "<search>query</search> runs a search; the results come back inside "
-    "<information>...</information>.\n"
-    "<report>...</report> ends your work: state the facts you found that answer your task, with "
-    "the names, dates and places, so that a reader who sees only your report can use them."
-)
 SEARCHER_USER = "Question: {question}"
 """The Searcher's task in both workflows: the question (C-MAS) or its subtask (H-MAS), in the same
 place and words. The paper gives the Searcher one interface ("taking a question or a subtask"), so
@@ -40,25 +31,8 @@ SEARCHER_SUBTASK_USER = "Your task: {subtask}\nIt is part of the question: {ques
 """H-MAS opt-in (``rollout.searcher_sees_question``, off by default): the subtask and the whole
 question, a template the Stage-I teacher never saw."""
 
-LEADER_SYSTEM = (
-    "You are the Leader of a question-answering team. You cannot search yourself; Searchers "
-    "search for you and write reports.\n"
-    "In each turn you may first think inside <think>...</think>. Then write one kind of action "
-    "and nothing else:\n"
-    "<subtask>...</subtask> gives one Searcher a self-contained search task. Write several to "
-    "run several Searchers in parallel. Their reports come back to you, numbered.\n"
-    "<select>1,3</select> ends the work: the numbers of the reports the Answerer should read "
-    "to answer the question."
-)
 LEADER_USER = "Question: {question}"
 
-ANSWERER_SYSTEM = (
-    "You are the Answerer of a question-answering team. Searchers have looked up evidence and "
-    "written reports. Answer the question from the reports, and from what you know where they "
-    "are silent.\n"
-    "You may first think inside <think>...</think>. Then give the final answer inside "
-    "<answer>...</answer>: only the answer, a short phrase such as a name, a date or a number."
-)
 ANSWERER_USER = "{reports}\n\nQuestion: {question}"
 """The question comes last: an over-long prompt is cut from the left, dropping early reports first."""
 
@@ -167,24 +141,9 @@ def leader_feedback(reports: Sequence[Report] = (), invalid: bool = False, force
                  FORCE_SELECT if force_select else "")
 
 
-def role_of(prompt_text: str) -> Optional[str]:
-    """The role whose system prompt ``prompt_text`` holds (None when it holds none, e.g. after
-    an input-limit cut)."""
-    for role, system in (("searcher", SEARCHER_SYSTEM), ("leader", LEADER_SYSTEM), ("answerer", ANSWERER_SYSTEM)):
-        if system in prompt_text:
-            return role
-    return None
-
-
-ROLE_STOPS = {
-    "searcher": ("</search>", "</report>"),
-    "leader": ("</select>",),
-    "answerer": ("</answer>",),
-}
-"""Stop strings per role: a turn ends as soon as its action is complete (as Search-R1 stops at
-``</search>``), so the model cannot write passages of its own after a query. A subtask wave has
-no stop string (several tags) and ends with EOS."""
-
-ALL_PROMPT_TEXTS = (SEARCHER_SYSTEM, SEARCHER_USER, SEARCHER_SUBTASK_USER, LEADER_SYSTEM, LEADER_USER,
-                    ANSWERER_SYSTEM, ANSWERER_USER, NO_REPORTS, EMPTY_REPORT, INVALID_SEARCHER,
-                    INVALID_LEADER, FORCE_REPORT, FORCE_SELECT)
+def all_prompt_texts() -> Tuple[str, ...]:
+    """Every fixed text an agent reads: the role table's system prompts and this module's
+    templates and orders (the tiny tokenizer is trained on them)."""
+    return tuple(r.system_prompt for r in ROLE_TABLE.values()) + (
+        SEARCHER_USER, SEARCHER_SUBTASK_USER, LEADER_USER, ANSWERER_USER, NO_REPORTS, EMPTY_REPORT,
+        INVALID_SEARCHER, INVALID_LEADER, FORCE_REPORT, FORCE_SELECT)

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Dict, Sequence
 
-from mopd.core.roles import ROLES
+from mopd.core.roles import role_names
 
 
 class BusyMeter:
@@ -96,7 +96,7 @@ class RolloutStats:
     @classmethod
     def collect(cls, wall_s: float, engine: BusyMeter, retrieval: BusyMeter, records: Sequence,
                 failed_runs: int = 0) -> "RolloutStats":
-        tokens = {role: 0 for role in ROLES}
+        tokens = {role: 0 for role in role_names()}
         for rec in records:
             for call in rec.calls:
                 tokens[call.role] = tokens.get(call.role, 0) + call.output_tokens

@@ -16,7 +16,7 @@ from typing import Callable, List
 
 from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 from mopd.core.records import Event, Passage, WorkflowRecord
-from mopd.rollout.prompts import ROLE_STOPS
+from mopd.core.roles import role as role_spec
 from mopd.rollout.sampling import derive_seed
 
 
@@ -119,7 +119,7 @@ class RunContext:
         # first copy keeps the seeds runs always had.
         parts = (s.seed, r.dataset, r.question_id, r.attempt, call_id, turn) + ((self.copy,) if self.copy else ())
         return SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_output_tokens,
-                              stop=ROLE_STOPS[role], seed=derive_seed(*parts))
+                              stop=role_spec(role).stop, seed=derive_seed(*parts))
 
     def finish(self) -> None:
         self.record.steps = self.step

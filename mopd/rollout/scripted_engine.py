@@ -1,7 +1,7 @@
 """An engine that replays given texts: for supervised demonstrations and for testing workflows.
 
 ``respond(prompt_text, params)`` chooses each output from the decoded prompt (which holds the
-role's system prompt, see :func:`mopd.rollout.prompts.role_of`). Run it through
+role's system prompt, see :func:`mopd.core.roles.role_of_prompt`). Run it through
 :func:`mopd.rollout.scheduler.run_workflows` and the records come out exactly as a rollout of a
 model that wrote those texts would: same prompts, same environment turns, same segments. That is
 how demonstrations stay token-identical to rollouts.

@@ -13,7 +13,7 @@ import torch
 
 from mopd.algo.diagnostics import batch_diagnostics
 from mopd.algo.rewards import team_em
-from mopd.core.roles import ROLE_IDS, ROLES
+from mopd.core.roles import role_names
 
 
 class PhaseTimer:
@@ -53,8 +53,8 @@ class LossStats:
         """The kernel's per-role stats of one micro-batch (one host transfer)."""
         from mopd.kernels import stats_to_floats
 
-        flat = stats_to_floats(stats, list(ROLES))
-        for role in ROLES:
+        flat = stats_to_floats(stats, list(role_names()))
+        for role in role_names():
             n = flat.get(f"{role}/tokens", 0.0)
             if n <= 0:
                 continue
@@ -81,8 +81,7 @@ def advantage_stats(batches: Sequence) -> Dict[str, float]:
     """Mean and mean absolute advantage of each role's trained tokens (outcome roles; OPD roles'
     advantages are formed inside the loss and read 0 here)."""
     out = {}
-    for role in ROLES:
-        rid = ROLE_IDS[role]
+    for rid, role in enumerate(role_names()):
         vals = torch.cat([b.advantages[b.roles == rid] for b in batches]) if batches else torch.zeros(0)
         if vals.numel():
             out[f"adv/{role}_mean"] = float(vals.mean())

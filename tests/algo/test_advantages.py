@@ -5,11 +5,11 @@ import torch
 from builders import call, record
 
 from mopd.algo.advantages import (
-    ROLE_IDS,
     call_token_signals,
     group_normalize,
     role_advantages,
 )
+from mopd.core.roles import role_id
 
 
 def test_group_normalize_by_hand():
@@ -76,7 +76,7 @@ def test_role_advantages_per_call_critic_and_inconsistent_rewards():
 def test_token_signals_land_on_model_tokens_only():
     c = call("s0", "searcher", ["<search>a</search>", "<report>r</report>"], env_len=3)
     roles, adv = call_token_signals(c, 0.75)
-    sid = ROLE_IDS["searcher"]
+    sid = role_id("searcher")
     assert roles == [-1, -1, -1, sid, sid, -1, -1, -1, sid, sid]
     assert adv == [0, 0, 0, 0.75, 0.75, 0, 0, 0, 0.75, 0.75]
     assert [r >= 0 for r in roles] == [bool(m) for m in c.loss_mask()]

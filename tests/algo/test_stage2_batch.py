@@ -6,9 +6,10 @@ import math
 import torch
 from builders import call, record, search
 
-from mopd.algo.advantages import ROLE_IDS, call_token_signals, role_advantages, role_specs
+from mopd.algo.advantages import call_token_signals, role_advantages, role_specs
 from mopd.algo.rewards import kl_in_reward, role_rewards
 from mopd.config import resolve
+from mopd.core.roles import role_id
 from mopd.kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
 
 
@@ -73,7 +74,7 @@ def test_stage2_batch_loss_equals_hand_computation():
         total = total + s.pg_coef * pg - s.entropy_coef * H_t
     assert n == int((roles >= 0).sum()) and n > 0
     assert torch.allclose(loss, total / n, atol=1e-6)
-    assert set(roles[roles >= 0].tolist()) == {ROLE_IDS["leader"], ROLE_IDS["searcher"], ROLE_IDS["answerer"]}
+    assert set(roles[roles >= 0].tolist()) == {role_id("leader"), role_id("searcher"), role_id("answerer")}
 
 
 def test_judge_reports_batches_all_reports_through_the_engine():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher, split_think
+from mopd.core.actions import parse_answerer, parse_leader, parse_searcher, split_think
 
 
 @pytest.mark.parametrize("text,kind,body", [
@@ -83,7 +83,7 @@ def test_any_subtask_list_round_trips(subtasks):
 
 
 def test_search_queries_count_complete_non_empty_tags_in_any_output():
-    from mopd.rollout.actions import search_queries
+    from mopd.core.actions import search_queries
 
     assert search_queries("<search> a b </search>") == ("a b",)
     assert search_queries("text <search>x</search> more <search>y</search>") == ("x", "y")

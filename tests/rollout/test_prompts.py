@@ -2,6 +2,7 @@
 
 import pytest
 
+from mopd.core.roles import role_of_prompt
 from mopd.rollout import prompts
 from mopd.rollout.chat import ChatTemplateError, chat_format, continuation_ids, render_ids
 
@@ -77,10 +78,10 @@ def test_a_template_that_rewrites_history_is_refused(tokenizer):
 
 
 def test_role_of_reads_the_system_prompt(tokenizer):
-    assert prompts.role_of(tokenizer.decode(prompts.render_leader_prompt(tokenizer, "Q"))) == "leader"
-    assert prompts.role_of(tokenizer.decode(prompts.render_searcher_prompt(tokenizer, "Q", "s"))) == "searcher"
-    assert prompts.role_of(tokenizer.decode(prompts.render_answerer_prompt(tokenizer, "Q", []))) == "answerer"
-    assert prompts.role_of("no system prompt") is None
+    assert role_of_prompt(tokenizer.decode(prompts.render_leader_prompt(tokenizer, "Q"))) == "leader"
+    assert role_of_prompt(tokenizer.decode(prompts.render_searcher_prompt(tokenizer, "Q", "s"))) == "searcher"
+    assert role_of_prompt(tokenizer.decode(prompts.render_answerer_prompt(tokenizer, "Q", []))) == "answerer"
+    assert role_of_prompt("no system prompt") is None
 
 
 @pytest.mark.parametrize("force", [False, True])

@@ -99,3 +99,60 @@ def test_preflight_and_run_identity_know_the_reference(tiny_model_dir, stage1_di
                                                      "reference.path": tiny_model_dir}))
     refused, _ = identity_differences(a, b)
     assert {"reference.path", "reference.resolved_path", "reference.weights"} <= set(refused)
+
+
+def _trainer(preset, model_dir, qa_file, out, **extra):
+    from fakes import FakeRetriever, tiny_overrides
+
+    from mopd.train.trainer import PolicyTrainer
+
+    return PolicyTrainer(resolve(preset, tiny_overrides(model_dir, qa_file, out, **extra)), retriever=FakeRetriever(),
+                         progress=False)
+
+
+def test_base_teacher_training_takes_kl_from_stage1_and_opd_from_pi0(tiny_model_dir, stage1_dir, qa_file, tmp_path):
+    from mopd.core.roles import role_id
+    from mopd.rollout.run_state import WorkflowSettings
+
+    t = _trainer("base_teacher", tiny_model_dir, qa_file, tmp_path / "run", **{
+        "teacher.path": tiny_model_dir, "reference.path": stage1_dir, "rollout.max_steps": 4})
+    assert (t.frozen.teacher.path, t.frozen.reference.path) == (tiny_model_dir, stage1_dir)
+    records = t.rollout(t.sampler.take(t.train_questions), WorkflowSettings.for_training(t.cfg, 0), attempts=2)
+    step = t.score(records)
+    temp = t.cfg.rollout.temperature
+    stage1, pi0 = _direct(stage1_dir), _direct(tiny_model_dir)
+    kl_roles = torch.tensor([role_id("leader"), role_id("answerer")])
+    checked = 0
+    for b in step.batches:
+        kl_pos = torch.isin(b.roles, kl_roles)
+        assert torch.allclose(b.ref_logp[kl_pos], stage1.logprobs(b, temp)[kl_pos], atol=1e-5)
+        assert not torch.allclose(b.ref_logp[kl_pos], pi0.logprobs(b, temp)[kl_pos], atol=1e-3)
+        opd_pos = b.roles == role_id("searcher")
+        assert torch.allclose(b.teacher_logp[opd_pos], pi0.logprobs(b, temp)[opd_pos], atol=1e-5)
+        checked += int(kl_pos.sum())
+    assert checked > 0
+    assert t.fit(1)["loss/skipped_updates"] == 0.0
+
+
+def test_a_kl_loss_term_on_a_role_trains_towards_the_reference(tiny_model_dir, stage1_dir, qa_file, tmp_path):
+    """algo.answerer.kl_coef > 0 loads the reference and its KL enters the loss (it used to crash at the
+    first update, the loss getting no reference log-probs)."""
+    import dataclasses
+
+    from mopd.rollout.run_state import WorkflowSettings
+    from mopd.train.trainer import _loss_head
+
+    t = _trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run",
+                 **{"algo.answerer.kl_coef": 0.5, "reference.path": stage1_dir})
+    assert t.frozen.teacher is None and t.frozen.reference.path == stage1_dir
+    records = t.rollout(t.sampler.take(t.train_questions), WorkflowSettings.for_training(t.cfg, 0), attempts=2)
+    b = t.score(records).batches[0]
+    b.advantages = torch.zeros_like(b.old_logp)
+    no_kl = dataclasses.replace(t.cfg.algo, answerer=dataclasses.replace(t.cfg.algo.answerer, kl_coef=0.0))
+    with torch.no_grad():
+        with_term, stats = t.policy(b, t.loss, normalizer=1.0)
+        without, _ = t.policy(b, _loss_head(dataclasses.replace(t.cfg, algo=no_kl)), normalizer=1.0)
+    answerer_kl = float(stats[2]["kl"]) * float(stats[2]["tokens"])     # role id 2: the Answerer
+    assert answerer_kl > 0
+    assert float(with_term - without) == pytest.approx(0.5 * answerer_kl, rel=1e-4)
+    assert t.fit(1)["loss/skipped_updates"] == 0.0

@@ -38,7 +38,7 @@ def test_a_question_dealt_twice_in_one_step_gives_two_groups(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from mopd.core.qa import QAExample
-    from mopd.rollout.prompts import role_of
+    from mopd.core.roles import role_of_prompt as role_of
     from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
     from mopd.rollout.scripted_engine import ScriptedEngine

@@ -4,6 +4,8 @@ import random
 
 import pytest
 
+from mopd.core.actions import parse_answerer, parse_leader, parse_searcher
+from mopd.core.roles import role
 from mopd.core.scoring import exact_match
 from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy
 from mopd.data.demo_reader import read_prompt
@@ -11,7 +13,6 @@ from mopd.data.tinyworld import load_question_meta, load_split
 from mopd.data.warmstart import workflow_settings
 from mopd.retriever import Passage
 from mopd.rollout import prompts
-from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher
 from mopd.rollout.chat import continuation_ids
 from mopd.rollout.scheduler import run_workflows
 
@@ -76,7 +77,7 @@ def test_demonstrations_are_valid_token_exact_and_imperfect(world, world_tokeniz
                 if s.source == "model":
                     # the EOS closes outputs without a stop string; a stopped action has none
                     ends_on_eos = s.token_ids[-1] == tok.eos_token_id
-                    assert ends_on_eos != s.text.endswith(prompts.ROLE_STOPS[c.role])
+                    assert ends_on_eos != s.text.endswith(role(c.role).stop)
                     assert tok.decode(s.token_ids, skip_special_tokens=True) == s.text
                     parse = {"searcher": parse_searcher, "answerer": parse_answerer,
                              "leader": lambda t: parse_leader(t, 99)}[c.role]

@@ -1,4 +1,4 @@
-"""The action grammar (DESIGN §5) as small pure parsers, one per role.
+"""The action grammar as small pure parsers, one per role (docs/architecture.md, "The action grammar").
 
 An output is: optionally ``<think>...</think>`` first, then exactly the role's action tags, with
 any whitespace around and between them and nothing else. Lenient about whitespace, strict about
