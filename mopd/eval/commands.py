@@ -62,6 +62,7 @@ def _run(args) -> int:
 
     from mopd.config import resolve
     from mopd.core.errors import UserError
+    from mopd.core.fingerprint import model_fingerprint
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
     from mopd.eval.runner import EvalPlan, run_evaluation
@@ -82,7 +83,7 @@ def _run(args) -> int:
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: no such model directory")
     try:
-        from mopd.rollout.scheduler import run_workflows
+        from mopd.rollout.async_scheduler import run_workflows_async as run_workflows
     except ImportError as e:
         raise UserError(f"the rollout scheduler is not available ({e})") from None
     from mopd.retriever import load_retriever
@@ -99,7 +100,8 @@ def _run(args) -> int:
     try:
         plan = EvalPlan(args.out, WorkflowSettings.for_evaluation(cfg, args.workflow), attempts=attempts,
                         method=method, chunk_questions=args.chunk, keep_token_ids=args.keep_token_ids,
-                        run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest})
+                        run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
+                        model=model_fingerprint(args.model))
         path = run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_workflows, progress=True,
                               log=print)
     except EvalError as e:

@@ -51,6 +51,10 @@ class EvalPlan:
     """Keep token ids and sampling log-probs in the records (about 10x larger files)."""
     run_info: dict = field(default_factory=dict)
     """Extra facts written into run.json (model path, preset, ...)."""
+    model: dict = field(default_factory=dict)
+    """The evaluated model's fingerprint (``mopd.core.fingerprint.model_fingerprint``: resolved path
+    and weights hash); part of the fixed settings, so a restart with another model is refused even
+    when its directory has the same name (every export is called ``export``)."""
 
     def __post_init__(self):
         if self.attempts < 1 or self.chunk_questions < 1:
@@ -61,7 +65,8 @@ class EvalPlan:
         """What must not change between the starts of one run (the batch cap changes no record)."""
         fixed = dataclasses.asdict(self.settings)
         fixed.pop("max_batch_calls")
-        return {"attempts": self.attempts, "method": self.method, **fixed}
+        model = {f"model_{k}": v for k, v in self.model.items()}
+        return {"attempts": self.attempts, "method": self.method, **model, **fixed}
 
 
 def drop_token_ids(record: WorkflowRecord) -> WorkflowRecord:
