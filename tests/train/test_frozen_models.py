@@ -139,6 +139,7 @@ def test_a_kl_loss_term_on_a_role_trains_towards_the_reference(tiny_model_dir, s
     first update, the loss getting no reference log-probs)."""
     import dataclasses
 
+    from mopd.core.roles import role_id
     from mopd.rollout.run_state import WorkflowSettings
     from mopd.train.trainer import _loss_head
 
@@ -152,7 +153,8 @@ def test_a_kl_loss_term_on_a_role_trains_towards_the_reference(tiny_model_dir, s
     with torch.no_grad():
         with_term, stats = t.policy(b, t.loss, normalizer=1.0)
         without, _ = t.policy(b, _loss_head(dataclasses.replace(t.cfg, algo=no_kl)), normalizer=1.0)
-    answerer_kl = float(stats[2]["kl"]) * float(stats[2]["tokens"])     # role id 2: the Answerer
+    a = stats[role_id("answerer")]
+    answerer_kl = float(a["kl"]) * float(a["tokens"])                   # its k3 sum over Answerer tokens
     assert answerer_kl > 0
     assert float(with_term - without) == pytest.approx(0.5 * answerer_kl, rel=1e-4)
     assert t.fit(1)["loss/skipped_updates"] == 0.0
