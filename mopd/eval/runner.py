@@ -62,9 +62,10 @@ class EvalPlan:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     def fixed_settings(self) -> dict:
-        """What must not change between the starts of one run (the batch cap changes no record)."""
+        """What must not change between the starts of one run (the batching knobs change no record)."""
         fixed = dataclasses.asdict(self.settings)
         fixed.pop("max_batch_calls")
+        fixed.pop("max_active_runs")
         model = {f"model_{k}": v for k, v in self.model.items()}
         return {"attempts": self.attempts, "method": self.method, **model, **fixed}
 

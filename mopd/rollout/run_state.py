@@ -52,6 +52,8 @@ class WorkflowSettings:
     """Passages per search action."""
     max_batch_calls: int = 256
     """Sampled sequences per engine batch at most."""
+    max_active_runs: int = 0
+    """Workflows in flight at once; 0: all of them (the largest batches)."""
 
     @classmethod
     def for_training(cls, cfg, seed: int) -> "WorkflowSettings":

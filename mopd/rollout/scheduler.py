@@ -89,8 +89,7 @@ def run_steps(engine, retriever, runs: Sequence, *, topk: int, max_batch_calls: 
 
 
 def run_workflows(engine, retriever, tokenizer, questions, settings: WorkflowSettings, *, attempts: int,
-                  method: str = "", progress: bool = True, max_active_runs: Optional[int] = None
-                  ) -> List[WorkflowRecord]:
+                  method: str = "", progress: bool = True) -> List[WorkflowRecord]:
     """Run ``attempts`` workflows of ``settings.workflow`` on every question; records come back
     question by question, attempts in order. Sampling of every call is seeded from (seed, question,
     attempt, call, turn), so a record does not depend on what it was batched with."""
@@ -103,7 +102,7 @@ def run_workflows(engine, retriever, tokenizer, questions, settings: WorkflowSet
         bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
     try:
         run_steps(engine, retriever, runs, topk=settings.topk, max_batch_calls=settings.max_batch_calls,
-                  max_active_runs=max_active_runs, progress=bar)
+                  max_active_runs=settings.max_active_runs or None, progress=bar)
     finally:
         if bar is not None:
             bar.close()

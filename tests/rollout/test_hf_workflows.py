@@ -66,9 +66,10 @@ def steered(request, hf_engine, tokenizer):
 def run(engine, tokenizer, workflow, n_questions=3, attempts=2, temperature=1.0, max_active_runs=None, **cfg):
     cfg.setdefault("max_output_tokens", 12)
     settings = WorkflowSettings(workflow=workflow, max_steps=5 if workflow == "cmas" else 8, max_rounds=2,
-                                answer_candidates=2, temperature=temperature, seed=5, **cfg)
+                                answer_candidates=2, temperature=temperature, seed=5,
+                                max_active_runs=max_active_runs or 0, **cfg)
     return run_workflows(engine, FakeRetriever(), tokenizer, questions(n_questions), settings, attempts=attempts,
-                         progress=False, max_active_runs=max_active_runs)
+                         progress=False)
 
 
 def rescore(model, call, temperature):
