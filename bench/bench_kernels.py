@@ -58,7 +58,8 @@ def op_fn(op, backend, inp):
     h = inp["hidden"].clone().requires_grad_(True)
     w = inp["weight"].clone().requires_grad_(True)
 
-    inputs = LossInputs(inp["roles"], inp["old_logp"], inp["advantages"], inp["teacher_logp"], inp["ref_logp"])
+    inputs = LossInputs(inp["roles"], inp["old_logp"], inp["advantages"], inp["teacher_logp"],
+                        inp["ref_logp"])
     loss_fn = FusedLinearPolicyLoss(PolicyLossSettings(SPECS, backend=backend))
 
     def loss_fwd_bwd():

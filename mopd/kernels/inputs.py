@@ -33,7 +33,8 @@ class LossInputs:
     def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
         """``fn`` applied to the four float tensors that are present (``roles`` kept as it is)."""
         return dataclasses.replace(self, old_logp=fn(self.old_logp), advantages=fn(self.advantages),
-                                   teacher_logp=_maybe(fn, self.teacher_logp), ref_logp=_maybe(fn, self.ref_logp))
+                                   teacher_logp=_maybe(fn, self.teacher_logp),
+                                   ref_logp=_maybe(fn, self.ref_logp))
 
     def for_kernels(self) -> LossInputs:
         """Detached fp32 contiguous values and contiguous roles, as the chunk loops read them."""

@@ -160,7 +160,8 @@ def check_normalizer(normalizer) -> None:
         return
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
-            raise ValueError(f"normalizer must be a number or a 0-d tensor, got shape {tuple(normalizer.shape)}")
+            raise ValueError("normalizer must be a number or a 0-d tensor, "
+                             f"got shape {tuple(normalizer.shape)}")
     elif not isinstance(normalizer, (int, float)) or not normalizer > 0:
         raise ValueError(f"normalizer={normalizer!r} must be a positive number (the global token count)")
 

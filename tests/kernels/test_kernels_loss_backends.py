@@ -243,7 +243,8 @@ def test_second_backward_through_the_same_loss_is_refused():
     from mopd.kernels import fused_linear_policy_loss
 
     h = batch.hidden.clone().requires_grad_(True)
-    loss, _ = fused_linear_policy_loss(h, batch.weight, batch.targets, batch.inputs(), batch.settings("torch"))
+    loss, _ = fused_linear_policy_loss(h, batch.weight, batch.targets, batch.inputs(),
+                                       batch.settings("torch"))
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward per forward"):
         loss.backward()

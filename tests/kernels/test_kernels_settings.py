@@ -50,7 +50,8 @@ def test_settings_are_checked_when_made(change, name):
 def test_settings_are_frozen_hashable_and_keep_a_tuple():
     s = PolicyLossSettings(SPECS, clip_high=0.28, dual_clip=3.0, temperature=0.6, chunk_rows=64)
     assert s.role_specs == tuple(SPECS) and isinstance(s.role_specs, tuple)
-    assert s == PolicyLossSettings(tuple(SPECS), clip_high=0.28, dual_clip=3.0, temperature=0.6, chunk_rows=64)
+    same = PolicyLossSettings(tuple(SPECS), clip_high=0.28, dual_clip=3.0, temperature=0.6, chunk_rows=64)
+    assert s == same
     assert hash(s) == hash(PolicyLossSettings(list(SPECS), clip_high=0.28, dual_clip=3.0, temperature=0.6,
                                               chunk_rows=64))
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -94,7 +95,8 @@ def test_module_equals_the_functional_entry(backend):
         if call == "functional":
             loss, stats = fused_linear_policy_loss(h, w, batch.targets, batch.inputs(), settings, norm)
         else:
-            loss, stats = FusedLinearPolicyLoss(settings)(h, w, batch.targets, batch.inputs(), normalizer=norm)
+            loss_fn = FusedLinearPolicyLoss(settings)
+            loss, stats = loss_fn(h, w, batch.targets, batch.inputs(), normalizer=norm)
         loss.backward()
         results.append((loss.detach(), h.grad, w.grad, stats_to_floats(stats, settings.role_names)))
     (l1, gh1, gw1, s1), (l2, gh2, gw2, s2) = results
@@ -137,7 +139,8 @@ def test_no_python_function_takes_more_than_8_parameters():
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or _is_triton_jit(node):
                 continue
             a = node.args
-            n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+            n = (len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None)
+                 + (a.kwarg is not None))
             if n > 8 and node.name not in SCHEMA_BOUND:
                 over.append(f"{path.name}:{node.lineno} {node.name} ({n})")
     assert not over, over
@@ -156,7 +159,8 @@ def test_readme_usage_example_runs():
     logged = []
     env = dict(hidden=torch.randn(T, H, generator=g, requires_grad=True),
                hidden_old=torch.randn(T, H, generator=g), teacher_hidden=torch.randn(T, H, generator=g),
-               lm_head=lm_head, teacher_lm_head=teacher_lm_head, targets=torch.randint(0, V, (T,), generator=g),
+               lm_head=lm_head, teacher_lm_head=teacher_lm_head,
+               targets=torch.randint(0, V, (T,), generator=g),
                roles=torch.randint(-1, 3, (T,), generator=g), advantages=torch.randn(T, generator=g),
                global_loss_tokens=2.0 * T, log=logged.append)
     exec(compile(code, "README.md", "exec"), env)
