@@ -1,6 +1,7 @@
 """CPU benchmarks of ``mopd.kernels``: the chunked torch path against the naive reference.
 
-DESIGN §7 (CPU): peak memory at most 1/4 of the naive path (materialised logits), time at most 1.2x.
+Target (docs/architecture.md, "Performance targets", CPU): peak memory at most 1/4 of the naive path
+(materialised logits), time at most 1.2x.
 Two operations, each at T=4096, H=512, V=32768 and at a larger T=8192, H=256, V=50257 (fp32):
 
 - ``loss``: ``FusedLinearPolicyLoss`` forward + backward (three roles, entropy and KL terms);

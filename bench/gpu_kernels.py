@@ -11,7 +11,8 @@ stopped by a timeout at 470 s):
    fwd+bwd against the floor of its three bare matmuls (logits, grad_hidden, grad_weight), the
    chunked torch path and Liger's fused linear cross entropy (when installed); the no-grad scoring
    pass against one matmul; peak extra memory; a chunk-budget sweep;
-5. PASS/FAIL lines against the DESIGN §7 targets and a JSON summary (``--out``).
+5. PASS/FAIL lines against the targets of docs/architecture.md ("Performance targets") and a JSON
+   summary (``--out``).
 
 ``--dry-run`` runs the same code on CPU with tiny shapes and the Triton interpreter (timings by
 ``time.perf_counter``, memory by ``mopd.kernels.memtrack``), so CI keeps the script from rotting.
