@@ -17,7 +17,8 @@ import torch
 
 from mopd.algo.advantages import call_token_signals
 from mopd.core.records import AgentCall, WorkflowRecord
-from mopd.train.packing import PackedBatch, build_packed_batch, pack_sequences
+from mopd.train.balance import deal_into, micro_batch_count
+from mopd.train.packing import PackedBatch, build_packed_batch
 
 CallKey = Tuple[int, str]
 """(record index, call id)."""
@@ -81,11 +82,14 @@ def pack_records(records: Sequence[WorkflowRecord], budget: int, *, device: torc
     (roles and sampling log-probs per token, advantages 0 until filled).
 
     ``agree_count(n)`` returns the number of micro-batches every rank must run (the maximum over
-    ranks under FSDP); the missing ones are empty (one pad token, role -1).
+    ranks under FSDP); each rank deals its calls into exactly that many, token-balanced
+    (``mopd.train.balance``), so a micro-batch is empty (one pad token, role -1) only where a rank
+    has fewer calls than micro-batches.
     """
     refs = [CallRef(i, c) for i, rec in enumerate(records) for c in rec.calls if len(c) > 1]
-    plan = pack_sequences([len(r.call) for r in refs], budget)[0]
-    plan = plan + [[] for _ in range(agree_count(len(plan)) - len(plan))]
+    lengths = [len(r.call) for r in refs]
+    count = agree_count(micro_batch_count(lengths, budget))
+    plan = deal_into(lengths, budget, count) if count else []
     pad = 8 if device.type == "cuda" else 1
     batches: List[PackedBatch] = []
     for b, members in enumerate(plan):
