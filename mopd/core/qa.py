@@ -63,6 +63,8 @@ def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
     directory name (FlashRAG keeps ``nq/test.jsonl``) or its stem.
     """
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{p} is a directory; pass a dataset file (FlashRAG .jsonl or Search-R1 .parquet)")
     if not p.is_file():
         raise DataError(f"dataset file {p} does not exist")
     name = dataset or (p.parent.name if p.stem in ("train", "dev", "test", "valid") else p.stem)
@@ -75,8 +77,11 @@ def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
             raise DataError(f"{where}: not valid JSON ({e.msg})") from None
         return _example_from_flashrag(row, name, where)
 
-    with p.open("r", encoding="utf-8") as f:
-        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    try:
+        with p.open("r", encoding="utf-8") as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p} is not UTF-8 text (byte {e.start}: {e.reason}); datasets are UTF-8 JSONL") from None
     return _collect(lines, parse, p, skip_malformed)
 
 

@@ -277,13 +277,20 @@ def _build(cls, d, where: str):
 def iter_records(path: str | os.PathLike) -> Iterator[WorkflowRecord]:
     """Yield records from a JSONL file, checking each; errors name the file, line and field."""
     p = Path(path)
+    if p.is_dir():
+        raise RecordError(f"{p} is a directory; pass a records file (e.g. {p / 'records.jsonl'})")
     if not p.is_file():
         raise RecordError(f"records file {p} does not exist")
-    with p.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{p}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"{where}: not UTF-8 text (byte {e.start}: {e.reason}); records files are UTF-8 "
+                                  "JSONL") from None
             if not line.strip():
                 continue
-            where = f"{p}:{lineno}"
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:

@@ -104,8 +104,13 @@ def read_eval_records(path: str | os.PathLike) -> List[WorkflowRecord]:
     """All records of a JSONL file, loaded for evaluation; errors name the file, line and field."""
     p = Path(path)
     out = []
-    with p.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"{p}:{lineno}: not UTF-8 text (byte {e.start}: {e.reason}); records files are "
+                                  "UTF-8 JSONL") from None
             if not line.strip():
                 continue
             try:
