@@ -146,7 +146,8 @@ def _added_role_rewards(record: WorkflowRecord, name: str, r_em: float, invalid_
 
 def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dict[str, float],
                  roles: Sequence[str], coef: float) -> Dict[str, float]:
-    """Subtract ``coef * sum_t (old_logp - teacher_logp)`` (k1, verl's apply_kl_penalty) per role.
+    """Subtract ``coef * sum_t (old_logp - ref_logp)`` (k1, verl's apply_kl_penalty) per role, toward
+    the KL reference (the Stage-I policy; the OPD teacher unless ``reference.path`` names another).
 
     ``kl_sums[call_id]`` is the sum over the call's model tokens. For a trajectory-level role
     (the Leader) the sum runs over all of the role's calls in the workflow, so every call keeps
@@ -160,7 +161,7 @@ def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dic
         calls = [c for c in record.calls_of(role) if c.call_id in rewards]
         missing = [c.call_id for c in calls if c.call_id not in kl_sums]
         if missing:
-            raise ValueError(f"KL in reward for role {role!r} needs old and teacher log-probs of calls {missing} "
+            raise ValueError(f"KL in reward for role {role!r} needs old and reference log-probs of calls {missing} "
                              f"(question {record.question_id}); compute them before the rewards")
         if role_of(role).grouping == "request":
             for c in calls:
