@@ -19,11 +19,12 @@ other workflows (and their retrieval) while the engine computes.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Deque, List, Optional, Protocol, Tuple
+from typing import Callable, Deque, List, Optional, Protocol, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.rollout.rollout_stats import BusyMeter
@@ -43,6 +44,16 @@ class FrontClosed(RuntimeError):
     """A request was submitted to (or left pending in) a front that was closed."""
 
 
+def cuda_device_keeper() -> Callable[[], None]:
+    """A function that makes the calling thread's CUDA device current in another thread: a new
+    thread starts on device 0, while under torchrun each rank's engine lives on its own device."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return lambda: None
+    device = torch.cuda.current_device()
+    return lambda: torch.cuda.set_device(device)
+
+
 class BatchingFront:
     """Continuous batching for a synchronous engine: every ``generate`` call takes all that is pending."""
 
@@ -55,6 +66,7 @@ class BatchingFront:
         self._pending: Deque[Tuple[GenerationRequest, Future, float]] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._on_worker = cuda_device_keeper()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -86,6 +98,7 @@ class BatchingFront:
                     return batch
 
     def _loop(self) -> None:
+        self._on_worker()
         while True:
             batch = self._take()
             if batch is None:

@@ -27,16 +27,18 @@ from mopd.rollout.rollout_stats import BusyMeter
 
 class RetrievalFront:
     """``timeout_s``: a search call that has not answered by then fails with ``TimeoutError`` (the
-    call itself is left to finish on its own daemon thread)."""
+    call itself is left to finish on its own daemon thread). ``fatal``: error types that say the
+    retriever itself is gone (e.g. ``RetrieverUnavailable`` after the client's retries): they fail
+    the whole batch at once, without the query-by-query retry."""
 
     def __init__(self, retriever, k: int, *, workers: int = 1, timeout_s: Optional[float] = None,
-                 max_batch_queries: int = 512, name: str = "mopd-retrieval"):
+                 max_batch_queries: int = 512, fatal: tuple = (), name: str = "mopd-retrieval"):
         if workers < 1 or max_batch_queries < 1 or k < 1:
             raise ValueError("workers, max_batch_queries and k must be >= 1")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0")
         self.retriever, self.k, self.max_batch_queries = retriever, k, max_batch_queries
-        self.timeout_s, self.name = timeout_s, name
+        self.timeout_s, self.name, self.fatal = timeout_s, name, tuple(fatal)
         self.meter = BusyMeter()
         self._pending: Deque[Tuple[str, Future, float]] = deque()
         self._cv = threading.Condition()
@@ -77,7 +79,7 @@ class RetrievalFront:
             if batch is None:
                 return
             call = self._start([q for q, _, _ in batch])
-            if self._finish(batch, call) or len(batch) == 1:
+            if self._finish(batch, call) or len(batch) == 1 or isinstance(call.error, self.fatal):
                 continue
             # One bad or hung query must not fail the runs it was batched with: search each alone
             # (concurrently, so a hung one costs the others one more timeout at most).
@@ -113,7 +115,7 @@ class RetrievalFront:
                 self.meter.wait(end - submitted)
                 fut.set_result(passages)
             return True
-        if raise_to_waiter or len(batch) == 1:
+        if raise_to_waiter or len(batch) == 1 or isinstance(error, self.fatal):
             for _, fut, _ in batch:
                 fut.set_exception(error)
         return False

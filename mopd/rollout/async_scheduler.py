@@ -20,7 +20,8 @@ batch; only ``duration_s`` differs.
 
 A search that raises or times out ends its run with a ``limit`` event whose text starts with
 ``retrieval:`` (the record scores as a run without an answer) and counts in
-``RolloutStats.failed_runs``; the other runs go on. An engine error fails the whole rollout.
+``RolloutStats.failed_runs``; the other runs go on. An engine error, or a retriever that is gone
+(``RetrieverUnavailable``), fails the whole rollout.
 Cancelling (Ctrl-C, or cancelling the caller) cancels every run, fails pending requests, lets the
 engine batch in progress finish and joins the worker threads before the exception propagates.
 
@@ -34,6 +35,7 @@ import time
 from typing import List, Optional
 
 from mopd.core.records import WorkflowRecord
+from mopd.retriever.client import RetrieverUnavailable
 from mopd.rollout.async_engine import engine_front
 from mopd.rollout.async_retrieval import RetrievalFront
 from mopd.rollout.rollout_stats import RolloutStats
@@ -42,6 +44,11 @@ from mopd.rollout.scheduler import new_runs
 
 RETRIEVAL_EVENT = "retrieval"
 """Text prefix of the ``limit`` event that ends a run whose search failed."""
+
+FATAL_RETRIEVAL_ERRORS = (RetrieverUnavailable,)
+"""The retriever itself is gone (the HTTP client gave up after its retries): the rollout fails, as
+the lock-step one does, rather than ending every run with an event (the trainer then stops with a
+checkpoint instead of training on runs without passages)."""
 
 
 class RolloutRecords(list):
@@ -71,6 +78,8 @@ async def drive_run(run, engine, retrieval) -> bool:
             try:
                 results = await _await_all([retrieval.submit(n.query) for n in needs])
             except Exception as e:
+                if isinstance(e, FATAL_RETRIEVAL_ERRORS):
+                    raise
                 reason = f"timed out ({e})" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
                 run.ctx.event("limit", text=f"{RETRIEVAL_EVENT}: {reason}")
                 run.ctx.finish()
@@ -129,7 +138,7 @@ def run_workflows_async(engine, retriever, tokenizer, questions, settings: Workf
         bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
     front = engine_front(engine, max_batch_calls=settings.max_batch_calls)
     searches = RetrievalFront(retriever, settings.topk, workers=retrieval_workers,
-                              timeout_s=retrieval_timeout_s)
+                              timeout_s=retrieval_timeout_s, fatal=FATAL_RETRIEVAL_ERRORS)
     start = time.perf_counter()
     try:
         failed = asyncio.run(drive_runs(runs, front, searches, max_active_runs=max_active_runs, progress=bar))

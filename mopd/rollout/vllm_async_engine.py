@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from typing import Dict, List, Tuple
 
 from mopd.core.generation import GenerationRequest
-from mopd.rollout.async_engine import FrontClosed
+from mopd.rollout.async_engine import FrontClosed, cuda_device_keeper
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.vllm_engine import completion_from_output
 
@@ -49,6 +49,7 @@ class VLLMStepFront:
         self._running: Dict[str, Tuple[Future, float, int]] = {}
         self._cv = threading.Condition()
         self._closed = False
+        self._on_worker = cuda_device_keeper()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -91,6 +92,7 @@ class VLLMStepFront:
         return True
 
     def _loop(self) -> None:
+        self._on_worker()
         engine = self.llm.llm_engine
         try:
             while self._admit():

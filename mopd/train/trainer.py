@@ -92,10 +92,13 @@ class PolicyTrainer:
         elif cfg.model.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.loss = _loss_head(cfg)
+        from mopd.train.memory_plan import shard_frozen_models
         from mopd.train.teacher import load_frozen_models
 
+        # Replicated in bf16 on every GPU when the memory plan fits that way (no all-gathers while scoring).
+        self.frozen_sharded = self.sharded and shard_frozen_models(cfg, self.world)
         self.frozen = load_frozen_models(cfg, student_tokenizer=self.tokenizer, device=self.device,
-                                         shard=self.sharded)
+                                         shard=self.frozen_sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
                                            weight_decay=cfg.trainer.weight_decay, betas=(0.9, 0.999))
         warm = cfg.trainer.warmup_steps
@@ -109,10 +112,11 @@ class PolicyTrainer:
             retriever = load_retriever(cfg.retriever)
         self.retriever = retriever
         if rollout_fn is None:
-            from mopd.rollout.scheduler import run_workflows as rollout_fn
+            from mopd.rollout.async_scheduler import run_workflows_async as rollout_fn
         self.rollout_fn = rollout_fn
         """``run_workflows``-compatible: (engine, retriever, tokenizer, questions, settings, *,
-        attempts, method, progress) -> records."""
+        attempts, method, progress) -> records (with ``.stats``, a RolloutStats, when it has them);
+        default: the asynchronous scheduler."""
 
         self._load_data()
         self.step = 0
@@ -168,8 +172,22 @@ class PolicyTrainer:
     def save(self) -> Path:
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.trainer_state(),
                                     keep=self.cfg.trainer.keep_checkpoints)
+        self._saved_step = self.step
         self.logger.event(self.step, "checkpoint", f"saved {path}")
         return path
+
+    def _keep_if_best(self, val: Dict[str, float]) -> None:
+        """A validation better than every earlier one saves this step (unless just saved) and marks it
+        as the best checkpoint, which retention keeps beside the last ``keep_checkpoints``."""
+        v = val.get("val/em")
+        if v is None or not self.cfg.trainer.checkpoint_every or not ckpt.is_new_best(self.run_dir, v):
+            return
+        if getattr(self, "_saved_step", None) != self.step:
+            self.save()
+        ckpt.mark_best(self.run_dir, self.step, "val/em", v)
+        self.logger.event(self.step, "checkpoint_best", f"val/em {v:.4f} is the best validation so far: checkpoint "
+                          f"step {self.step} is kept beside the last {self.cfg.trainer.keep_checkpoints} "
+                          "(`mopd export RUN --checkpoint best`)", value=v)
 
     def resume(self) -> Optional[Path]:
         from mopd.train.run_dir import truncate_metrics
@@ -213,6 +231,8 @@ class PolicyTrainer:
         self._refresh_engine()
         self.step += 1
         m = step_metrics(records, rewards, step.batches, losses, timer, self._scoring_passes())
+        if getattr(records, "stats", None) is not None:  # engine busy fraction, batch rows, tokens/s
+            m.update(records.stats.as_metrics())
         m["lr"] = self.scheduler.get_last_lr()[0]
         if judge is not None:
             m["critic/unparsable"] = self.unparsable_verdicts
@@ -245,10 +265,24 @@ class PolicyTrainer:
                 # "rollout": the engine's sampling log-probs, same weights and temperature.
                 b.old_logp = b.sampling_logp if self.cfg.trainer.old_logprobs == "rollout" else \
                     self.policy(b, temperature=temp)
-                b.teacher_logp = teacher.logprobs(b, temp) if teacher is not None else None
+                b.teacher_logp = self._score_frozen(teacher, b, temp)
                 b.ref_logp = (None if reference is None else b.teacher_logp if reference is teacher
-                              else reference.logprobs(b, temp))
+                              else self._score_frozen(reference, b, temp))
         return step
+
+    def _score_frozen(self, model, batch: PackedBatch, temp: float) -> Optional[torch.Tensor]:
+        """A frozen model's log-probs on the calls whose roles read them (zeros elsewhere, unread):
+        the teacher's for OPD roles, the reference's for KL roles, both when they are one model."""
+        from mopd.core.roles import role_id
+        from mopd.train.partial_scoring import score_needed
+
+        if model is None:
+            return None
+        teacher, reference = self.frozen
+        roles = set(self.cfg.opd_roles()) if model is teacher else set()
+        roles |= set(self.cfg.reference_roles()) if model is reference else set()
+        return score_needed(lambda b: model.logprobs(b, temp), batch, sorted(role_id(r) for r in roles),
+                            collective=self.frozen_sharded)
 
     def update(self, batches: List[PackedBatch]) -> LossStats:
         """``trainer.ppo_minibatches`` optimizer updates over the micro-batches; each normalised by
@@ -351,7 +385,8 @@ class PolicyTrainer:
         finally:
             if bar is not None:
                 bar.close()
-        self.save()
+        if getattr(self, "_saved_step", None) != self.step:   # not when this step's checkpoint exists
+            self.save()
         if self.rank == 0:
             plot_training(self.run_dir)
         if interrupted:
@@ -361,8 +396,10 @@ class PolicyTrainer:
     def _fit_step(self, target: int, bar) -> Dict[str, float]:
         cfg = self.cfg.trainer
         m = self.train_step()
+        val: Dict[str, float] = {}
         if cfg.val_every and (self.step % cfg.val_every == 0 or self.step == target):
-            m.update(self.validate())
+            val = self.validate()
+            m.update(val)
         if self.step % cfg.log_every == 0 or self.step == target:
             self.logger.log(self.step, m)
         if bar is not None:
@@ -371,6 +408,7 @@ class PolicyTrainer:
                              ("rollout/em", "val/em", "rollout/search_per_workflow") if k in m})
         if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < target:
             self.save()
+        self._keep_if_best(val)
         return m
 
     def _progress_bar(self, target: int):

@@ -153,11 +153,12 @@ def test_vllm_front_joins_requests_between_steps_and_resolves_them_when_they_fin
 
 def test_vllm_front_close_aborts_unfinished_requests():
     engine = FakeVLLMEngine()
-    gate = threading.Event()
+    entered, gate = threading.Event(), threading.Event()
     step = engine.llm.llm_engine.step
-    engine.llm.llm_engine.step = lambda: (gate.wait(10), step())[1]
+    engine.llm.llm_engine.step = lambda: (entered.set(), gate.wait(10), step())[2]
     front = VLLMStepFront(engine)
     fut = front.submit(GenerationRequest([4], SamplingParams(max_new_tokens=50)))
+    assert entered.wait(10)  # the request is in the engine, mid-step
     closer = threading.Thread(target=front.close)
     closer.start()
     gate.set()

@@ -91,7 +91,7 @@ def test_runs_do_not_wait_for_each_others_searches(tokenizer):
             log.append(("searched", tuple(queries)))
             return out
 
-    slow = Logged(delay_for=lambda q: 0.3 if q.startswith("q3.") else 0.0)
+    slow = Logged(delay_for=lambda q: 1.0 if q.startswith("q3.1.") else 0.0)
     recs = run_workflows_async(ScriptedEngine(tokenizer, respond), slow, tokenizer, questions(4),
                                settings_for("cmas"), attempts=1, method="m", progress=False)
     # Band 0 never searches: its Answerer runs while the first searches (band 3's is slow) are
@@ -133,7 +133,7 @@ def test_failed_or_hung_retrieval_ends_only_its_run(tokenizer, workflow):
     try:
         got = run_workflows_async(ScriptedEngine(tokenizer, uneven), retriever, tokenizer, questions(7),
                                   settings_for(workflow), attempts=1, method="m", progress=False,
-                                  retrieval_timeout_s=0.3, retrieval_workers=2)
+                                  retrieval_timeout_s=0.6, retrieval_workers=2)
     finally:
         retriever.release.set()
     assert got.stats.failed_runs == 2
@@ -142,7 +142,7 @@ def test_failed_or_hung_retrieval_ends_only_its_run(tokenizer, workflow):
         if i == 2:
             assert limits[-1] == "retrieval: ConnectionError: server said no" and r.final_answer is None
         elif i == 5:
-            assert limits[-1] == "retrieval: timed out (no answer within 0.3 s)" and r.final_answer is None
+            assert limits[-1] == "retrieval: timed out (no answer within 0.6 s)" and r.final_answer is None
         else:  # searched in the same batches as the failing queries, yet untouched
             assert comparable([r]) == comparable([want])
     for t in threading.enumerate():
@@ -205,4 +205,20 @@ def test_engine_errors_fail_the_rollout(tokenizer):
     with pytest.raises(ValueError, match="engine broke"):
         run_workflows_async(ScriptedEngine(tokenizer, respond), FakeRetriever(), tokenizer, questions(3),
                             settings_for("cmas"), attempts=1, progress=False)
+    assert not mopd_threads()
+
+
+def test_an_unreachable_retriever_fails_the_rollout(tokenizer):
+    from mopd.retriever import RetrieverUnavailable
+
+    class Gone(FakeRetriever):
+        def search(self, queries, k):
+            self.batches.append(list(queries))
+            raise RetrieverUnavailable("http://127.0.0.1:9 unavailable after 6 attempts")
+
+    gone = Gone()
+    with pytest.raises(RetrieverUnavailable):
+        run_workflows_async(ScriptedEngine(tokenizer, uneven), gone, tokenizer, questions(6),
+                            settings_for("cmas"), attempts=1, progress=False, retrieval_workers=2)
+    assert all(len(b) >= 1 for b in gone.batches) and len(gone.batches) <= 2  # no query-by-query retry
     assert not mopd_threads()

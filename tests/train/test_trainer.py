@@ -28,7 +28,8 @@ def test_stage1_step_completes_and_logs(tiny_model_dir, qa_file, tmp_path):
     assert t.step == 2
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("rollout/no_search_frac", "perf/rollout_tokens_per_s", "loss/total", "reward/answerer"):
+    for key in ("rollout/no_search_frac", "perf/rollout_tokens_per_s", "loss/total", "reward/answerer",
+                "rollout/busy_fraction", "rollout/tokens_per_s/searcher"):  # the async scheduler's stats
         assert key in rows[-1], key
     assert all(isinstance(v, (int, float)) for v in last.values())
     after = params(t.model)
