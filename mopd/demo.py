@@ -92,14 +92,17 @@ def _train_stage(name: str, cfg: Config, retriever, export_dir: Path) -> Path:
 
 
 def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s: DemoSettings, out: Path) -> Path:
-    """The paper's protocol (1 candidate, T 0.6, top-p 0.95) with the tiny presets' workflow limits."""
+    """The paper's protocol (1 candidate, T 0.6, top-p 0.95) with the tiny presets' workflow limits and
+    Searcher template, as the training stages' overrides set them (``mopd demo
+    rollout.searcher_sees_question=true`` evaluates every H-MAS system with the opt-in template)."""
     from mopd.eval.runner import EvalPlan, evaluate
     from mopd.rollout.run_state import WorkflowSettings
 
-    tiny = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd")
+    tiny = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd", list(s.overrides))
     cfg = resolve("cmas_base" if workflow == "cmas" else "hmas_base",
                   [f"model.path={model_dir}", f"eval.attempts={s.attempts}", f"rollout.seed={s.seed}"])
-    for key in ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds", "max_searchers_per_wave"):
+    for key in ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds", "max_searchers_per_wave",
+                "searcher_sees_question"):
         setattr(cfg.rollout, key, getattr(tiny.rollout, key))
     if s.quick:
         for key, value in QUICK_WORKFLOW.items():
