@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build. Where PyPI's
 	# torch is a CUDA build, pass TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	# faiss-cpu comes with the cpu extra (a GPU machine takes the gpu extra's faiss instead).
+	$(BIN)/python -m pip install -q -e '.[dev,cpu]'
 	touch $(STAMP)
 
 demo: $(STAMP)
