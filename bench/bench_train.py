@@ -13,7 +13,13 @@ import random
 import pytest
 import torch
 
-from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings, RoleSpec, reference_policy_loss
+from mopd.kernels import (
+    FusedLinearPolicyLoss,
+    LossInputs,
+    PolicyLossSettings,
+    RoleSpec,
+    reference_policy_loss,
+)
 from mopd.train.model import PackedCausalLM, load_causal_lm
 from mopd.train.packing import build_packed_batch, pack_sequences
 
@@ -56,8 +62,9 @@ def _naive_step(model, seqs):
     for toks, roles, adv, lp in seqs:
         hidden = model.model(input_ids=torch.tensor([toks])).last_hidden_state[0][:-1]
         t = torch.tensor(toks[1:])
-        loss, _ = reference_policy_loss(hidden, model.lm_head.weight, t, torch.tensor(lp[1:]), torch.tensor(adv[1:]),
-                                        torch.tensor(roles[1:]), SPECS, teacher_logp=torch.tensor(lp[1:]) - 0.1,
+        inputs = LossInputs(torch.tensor(roles[1:]), torch.tensor(lp[1:]), torch.tensor(adv[1:]),
+                            teacher_logp=torch.tensor(lp[1:]) - 0.1)
+        loss, _ = reference_policy_loss(hidden, model.lm_head.weight, t, inputs, PolicyLossSettings(SPECS),
                                         normalizer=n)
         loss.backward()
     model.zero_grad(set_to_none=True)

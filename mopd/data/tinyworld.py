@@ -174,9 +174,9 @@ def build_world(out_dir, seed: int = 0, *, settings: Optional[WorldSettings] = N
                  inputs=[str(pools / "train.jsonl"), str(pools / "test.jsonl")],
                  test_counts=test_counts, dev_counts=dev_counts)
 
-    from mopd.retriever import build_index
+    from mopd.retriever.builder import IndexSpec, build_index
 
-    build_index(paths.corpus, paths.index, encoder=s.encoder, index_kind=s.index_kind, progress=progress)
+    build_index(paths.corpus, paths.index, IndexSpec(encoder=s.encoder, index_kind=s.index_kind), progress=progress)
     kinds: Dict[str, int] = {}
     for p in text.passages:
         kinds[p.kind] = kinds.get(p.kind, 0) + 1

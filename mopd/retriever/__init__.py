@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from mopd.retriever.builder import IndexSpec, build_index
 from mopd.retriever.bundled import bundled_corpus_path, bundled_index
 from mopd.retriever.client import HttpRetriever, RetrieverUnavailable
 from mopd.retriever.corpus import Corpus, CorpusError
@@ -30,13 +31,6 @@ class Retriever(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Batched search: one list per query, best first."""
         ...
-
-
-def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str = "flat", **kwargs):
-    """Build (or resume, or reuse) an index directory; see :func:`mopd.retriever.builder.build_index`."""
-    from mopd.retriever.builder import build_index as _build
-
-    return _build(corpus_path, out_dir, encoder=encoder, index_kind=index_kind, **kwargs)
 
 
 def open_retriever(index_dir, **kwargs) -> LocalRetriever:
@@ -64,6 +58,7 @@ __all__ = [
     "HttpRetriever",
     "IndexDirError",
     "IndexMismatch",
+    "IndexSpec",
     "Passage",
     "Retriever",
     "RetrieverUnavailable",

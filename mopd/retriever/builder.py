@@ -20,6 +20,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,16 +61,34 @@ def _say(msg: str, progress: bool) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str = "flat",
-                encoder_path: str | None = None, device: str | None = None, chunk_size: int = 8192,
-                batch_size: int = 64, max_passages: int | None = None, progress: bool = False,
+@dataclass(frozen=True)
+class IndexSpec:
+    """What index to build and how."""
+
+    encoder: str = "minilm"
+    """minilm (bundled, offline) or e5 (``encoder_path`` or the Hugging Face cache); ignored for bm25."""
+    index_kind: str = "flat"
+    """flat (FAISS inner product), torch, or bm25."""
+    encoder_path: str | None = None
+    """Local directory of the encoder's weights (e5)."""
+    device: str | None = None
+    """Encoder device (default: CUDA when available)."""
+    chunk_size: int = 8192
+    """Passages per encoded chunk; a killed build resumes at the first missing chunk."""
+    batch_size: int = 64
+    """Passages per encoder forward."""
+    max_passages: int | None = None
+    """Index only the first N rows of the corpus."""
+
+
+def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress: bool = False,
                 overwrite: bool = False) -> Path:
     """Build (or finish, or reuse) the index of ``corpus_path`` in ``out_dir``; returns ``out_dir``.
 
-    ``encoder``: "minilm" (bundled, offline) or "e5" (``encoder_path`` or the Hugging Face cache);
-    ignored for ``index_kind="bm25"``. ``max_passages`` indexes only the first N rows. A directory
-    that already holds the same finished index is returned as it is; one holding a different index
-    is an error unless ``overwrite``."""
+    A directory that already holds the same finished index is returned as it is; one holding a
+    different index is an error unless ``overwrite``."""
+    index_kind, encoder, chunk_size, max_passages = spec.index_kind, spec.encoder, spec.chunk_size, spec.max_passages
+    encoder_path = spec.encoder_path
     check_kind(index_kind)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +132,7 @@ def build_index(corpus_path, out_dir, encoder: str = "minilm", index_kind: str =
             index.write(out)
             dim = 0
         else:
-            dim = _encode_chunks(corpus, n, build, enc_name, enc_path or None, device, chunk_size, batch_size,
-                                 progress)
+            dim = _encode_chunks(corpus, n, build, spec, enc_path or None, progress)
             _say(f"assembling the {index_kind} index from {_n_chunks(n, chunk_size)} chunks", progress)
             _assemble(index_kind, build, n, chunk_size, dim, out)
         write_meta(out, IndexMeta(kind=index_kind, encoder=enc_name, dim=dim, corpus_path=params["corpus_path"],
@@ -136,9 +154,10 @@ def _n_chunks(n: int, chunk_size: int) -> int:
     return (n + chunk_size - 1) // chunk_size
 
 
-def _encode_chunks(corpus: Corpus, n: int, build: Path, enc_name: str, enc_path, device, chunk_size: int,
-                   batch_size: int, progress: bool) -> int:
+def _encode_chunks(corpus: Corpus, n: int, build: Path, spec: IndexSpec, enc_path, progress: bool) -> int:
     from mopd.retriever.encoders import ENCODERS, load_encoder
+
+    enc_name, chunk_size = spec.encoder, spec.chunk_size
 
     total = _n_chunks(n, chunk_size)
     todo = [i for i in range(total) if not _chunk_path(build, i).is_file()]
@@ -148,7 +167,7 @@ def _encode_chunks(corpus: Corpus, n: int, build: Path, enc_name: str, enc_path,
         _say(f"resuming: {total - len(todo)} of {total} chunks already encoded in {build}", progress)
     if not todo:
         return ENCODERS[enc_name].dim
-    encoder = load_encoder(enc_name, enc_path, device, batch_size)
+    encoder = load_encoder(enc_name, enc_path, spec.device, spec.batch_size)
     bar = None
     if progress:
         from tqdm import tqdm

@@ -105,12 +105,14 @@ def _open(args):
 
 
 def _build(args) -> int:
-    from mopd.retriever import build_index, bundled_corpus_path
+    from mopd.retriever import bundled_corpus_path
+    from mopd.retriever.builder import IndexSpec, build_index
 
-    _run(lambda: build_index(args.corpus or bundled_corpus_path(), args.out, encoder=args.encoder,
-                             index_kind=args.index_kind, encoder_path=args.encoder_path, device=args.device,
-                             chunk_size=args.chunk_size, batch_size=args.batch_size,
-                             max_passages=args.max_passages, progress=True, overwrite=args.overwrite))
+    spec = IndexSpec(encoder=args.encoder, index_kind=args.index_kind, encoder_path=args.encoder_path,
+                     device=args.device, chunk_size=args.chunk_size, batch_size=args.batch_size,
+                     max_passages=args.max_passages)
+    _run(lambda: build_index(args.corpus or bundled_corpus_path(), args.out, spec, progress=True,
+                             overwrite=args.overwrite))
     return 0
 
 

@@ -33,14 +33,14 @@ def small_corpus(tmp_path_factory, bundled_rows) -> Path:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, small_corpus):
     """Index directories of the small corpus, built lazily per kind: built(kind) -> Path."""
-    from mopd.retriever import build_index
+    from mopd.retriever.builder import IndexSpec, build_index
 
     root = tmp_path_factory.mktemp("indexes")
     cache = {}
 
     def get(kind: str) -> Path:
         if kind not in cache:
-            cache[kind] = build_index(small_corpus, root / kind, encoder="minilm", index_kind=kind)
+            cache[kind] = build_index(small_corpus, root / kind, IndexSpec(encoder="minilm", index_kind=kind))
         return cache[kind]
 
     return get

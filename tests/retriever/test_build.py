@@ -9,6 +9,7 @@ from mopd.retriever import (
     HttpRetriever,
     IndexDirError,
     IndexMismatch,
+    IndexSpec,
     Retriever,
     build_index,
     load_retriever,
@@ -54,7 +55,7 @@ def test_metadata_and_save_load_roundtrip(built, small_corpus):
     qs = ["island exports of salt", "festival with lanterns"]
     assert a.search(qs, 4) == b.search(qs, 4)
     # a finished index is reused, not rebuilt
-    assert build_index(small_corpus, d, encoder="minilm", index_kind="flat") == d
+    assert build_index(small_corpus, d, IndexSpec(encoder="minilm", index_kind="flat")) == d
 
 
 def test_encoder_and_corpus_mismatch_errors_say_which(built, small_corpus, tmp_path):
@@ -74,7 +75,7 @@ def test_encoder_and_corpus_mismatch_errors_say_which(built, small_corpus, tmp_p
 def test_a_different_index_in_the_directory_is_refused(built, small_corpus):
     d = built("bm25")
     with pytest.raises(IndexDirError, match="already holds a different index"):
-        build_index(small_corpus, d, index_kind="flat")
+        build_index(small_corpus, d, IndexSpec(index_kind="flat"))
     with pytest.raises(IndexDirError, match="not a finished index"):
         open_retriever(d / "nothing-here")
 
@@ -92,13 +93,13 @@ def test_resume_after_an_interrupted_build(built, small_corpus, tmp_path, monkey
     out = tmp_path / "resumed"
     monkeypatch.setattr(Encoder, "encode_passages", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        build_index(small_corpus, out, index_kind="torch", chunk_size=32, max_passages=100)
+        build_index(small_corpus, out, IndexSpec(index_kind="torch", chunk_size=32, max_passages=100))
     assert calls == [32, 32]
     assert sorted(p.name for p in (out / "build").glob("chunk_*.npy")) == ["chunk_000000.npy", "chunk_000001.npy"]
     with pytest.raises(IndexDirError, match="interrupted"):
         open_retriever(out)
     with pytest.raises(IndexDirError, match="chunk_size differ"):
-        build_index(small_corpus, out, index_kind="torch", chunk_size=16, max_passages=100)
+        build_index(small_corpus, out, IndexSpec(index_kind="torch", chunk_size=16, max_passages=100))
 
     resumed = []
 
@@ -107,7 +108,7 @@ def test_resume_after_an_interrupted_build(built, small_corpus, tmp_path, monkey
         return real(self, texts, **kw)
 
     monkeypatch.setattr(Encoder, "encode_passages", counting)
-    build_index(small_corpus, out, index_kind="torch", chunk_size=32, max_passages=100)
+    build_index(small_corpus, out, IndexSpec(index_kind="torch", chunk_size=32, max_passages=100))
     assert resumed == [32, 4]  # only the chunks that were missing
     vectors = np.load(out / "vectors.npy")
     reference = flat_vectors(built("flat") / "index.faiss")[:100]

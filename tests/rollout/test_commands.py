@@ -10,9 +10,9 @@ from mopd.core.records import read_records
 
 @pytest.fixture(scope="module")
 def bm25_index(tmp_path_factory):
-    from mopd.retriever import build_index, bundled_corpus_path
+    from mopd.retriever import IndexSpec, build_index, bundled_corpus_path
 
-    return build_index(bundled_corpus_path(), tmp_path_factory.mktemp("idx") / "bm25", index_kind="bm25")
+    return build_index(bundled_corpus_path(), tmp_path_factory.mktemp("idx") / "bm25", IndexSpec(index_kind="bm25"))
 
 
 @pytest.fixture

@@ -98,17 +98,17 @@ def main():
     del lm, pol
 
     # 2. mixed precision: fp32 masters and AdamW state, bf16 compute, loss inputs untouched
-    from mopd import kernels
+    from mopd.kernels import ops   # FusedLinearPolicyLoss.forward calls ops.fused_linear_policy_loss
 
     seen = []
-    real_loss = kernels.fused_linear_policy_loss
+    real_loss = ops.fused_linear_policy_loss
 
-    def recording_loss(hidden, weight, targets, old_logp, advantages, roles, role_specs, **kw):
-        seen.append({"hidden": hidden.dtype, "weight": weight.dtype, "old": old_logp, "adv": advantages,
-                     "teacher": kw.get("teacher_logp")})
-        return real_loss(hidden, weight, targets, old_logp, advantages, roles, role_specs, **kw)
+    def recording_loss(hidden, weight, targets, inputs, settings, normalizer=None):
+        seen.append({"hidden": hidden.dtype, "weight": weight.dtype, "old": inputs.old_logp,
+                     "adv": inputs.advantages, "teacher": inputs.teacher_logp})
+        return real_loss(hidden, weight, targets, inputs, settings, normalizer)
 
-    kernels.fused_linear_policy_loss = recording_loss
+    ops.fused_linear_policy_loss = recording_loss
     lm, _ = load_causal_lm(model_dir, dtype=model_lib.master_dtype("auto", cpu, sharded=True), device=cpu,
                            attn="sdpa")
     pol = PackedCausalLM(lm)
@@ -116,7 +116,7 @@ def main():
     res["param_dtypes"] = sorted({str(p.dtype) for p in lm.parameters()})
     res["params_are_dtensors"] = all(hasattr(p, "full_tensor") for p in lm.parameters())
     opt = train(pol, lm.parameters(), [batches[i] for i in mine], [inputs[i] for i in mine], specs, n_tokens, STEPS)
-    kernels.fused_linear_policy_loss = real_loss
+    ops.fused_linear_policy_loss = real_loss
     res["adam_state_dtypes"] = sorted({str(v.dtype) for st in opt.state.values() for k, v in st.items()
                                        if k in ("exp_avg", "exp_avg_sq")})
     res["compute_dtypes"] = sorted({str(s["hidden"]) for s in seen} | {str(s["weight"]) for s in seen})
