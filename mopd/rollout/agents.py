@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from mopd.core.actions import parse_answerer, parse_leader, parse_searcher, search_queries
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.core.records import AgentCall
 from mopd.core.scoring import extract_answer
-from mopd.rollout.actions import parse_answerer, parse_leader, parse_searcher, search_queries
 from mopd.rollout.prompts import (
     Report,
     leader_feedback,
