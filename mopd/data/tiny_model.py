@@ -8,6 +8,7 @@ so the model's vocabulary fits the text it will see; the action tags are single 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
 
@@ -64,30 +65,55 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024):
     return fast
 
 
-def init_tiny_model(out_dir, corpus_texts: Optional[Iterable[str]] = None, vocab_size: int = 1024,
-                    hidden: int = 128, layers: int = 2, heads: int = 4, ffn: int = 384, seed: int = 0,
-                    kv_heads: Optional[int] = None, max_positions: int = 16384) -> Path:
-    """Write a random Qwen3 model (tied embeddings, float32) and its tokenizer to ``out_dir``.
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape and seed of a tiny random Qwen3 model."""
+
+    vocab_size: int = 1024
+    """Byte-level BPE vocabulary (the chat and tag tokens come on top)."""
+    hidden: int = 128
+    """Hidden size (a multiple of ``heads``)."""
+    layers: int = 2
+    """Decoder layers."""
+    heads: int = 4
+    """Attention heads."""
+    ffn: int = 384
+    """SwiGLU intermediate size."""
+    kv_heads: Optional[int] = None
+    """Key/value heads (default: ``heads``)."""
+    max_positions: int = 16384
+    """Longest sequence the rotary tables cover."""
+    seed: int = 0
+    """Seed of the initial weights."""
+
+    def __post_init__(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
+
+
+def init_tiny_model(out_dir, corpus_texts: Optional[Iterable[str]] = None, **spec) -> Path:
+    """Write a random Qwen3 model (tied embeddings, float32) and its tokenizer to ``out_dir``;
+    ``spec`` are :class:`TinyModelSpec` fields (vocab_size, hidden, layers, heads, ffn, kv_heads,
+    max_positions, seed).
 
     ``corpus_texts`` (default: the role prompts and a little built-in text) trains the tokenizer;
     the prompts are always included so role prompts tokenise compactly. Deterministic for a seed.
     """
+    s = TinyModelSpec(**spec)
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    if hidden % heads:
-        raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
     texts = default_corpus() + (list(corpus_texts) if corpus_texts is not None else [])
-    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer = train_tokenizer(texts, vocab_size=s.vocab_size)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads or heads, head_dim=hidden // heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=eos,
+        vocab_size=len(tokenizer), hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
+        num_attention_heads=s.heads, num_key_value_heads=s.kv_heads or s.heads, head_dim=s.hidden // s.heads,
+        max_position_embeddings=s.max_positions, tie_word_embeddings=True, eos_token_id=eos,
         pad_token_id=pad, bos_token_id=None, rms_norm_eps=1e-6,
     )
-    torch.manual_seed(seed)
+    torch.manual_seed(s.seed)
     model = Qwen3ForCausalLM(config).to(torch.float32)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad
