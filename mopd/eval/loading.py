@@ -14,12 +14,19 @@ explicit schema was tried: no faster once rows are turned back into Python objec
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from mopd.core.records import SCHEMA_VERSION, AgentCall, Event, Passage, RecordError, WorkflowRecord
+from mopd.core.records import (
+    SCHEMA_VERSION,
+    AgentCall,
+    Event,
+    Passage,
+    RecordError,
+    WorkflowRecord,
+    iter_record_dicts,
+)
 from mopd.eval.alignment import EvalError
 
 RECORDS_FILE = "records.jsonl"
@@ -102,23 +109,7 @@ def eval_record(d: dict, where: str) -> WorkflowRecord:
 
 def read_eval_records(path: str | os.PathLike) -> List[WorkflowRecord]:
     """All records of a JSONL file, loaded for evaluation; errors name the file, line and field."""
-    p = Path(path)
-    out = []
-    with p.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise RecordError(f"{p}:{lineno}: not UTF-8 text (byte {e.start}: {e.reason}); records files are "
-                                  "UTF-8 JSONL") from None
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RecordError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-            out.append(eval_record(d, f"{p}:{lineno}"))
-    return out
+    return [eval_record(d, where) for where, d in iter_record_dicts(path)]
 
 
 def records_file(path: str | os.PathLike) -> Path:
