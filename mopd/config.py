@@ -613,9 +613,14 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
         if not p.is_file():
             raise ConfigError(f"config file {yaml_file} does not exist")
         try:
-            layers.append(OmegaConf.load(p))
+            layer = OmegaConf.load(p)
         except Exception as e:  # yaml syntax
+            if "Invalid loaded object type" in str(e):   # a scalar document
+                raise ConfigError(f"config file {yaml_file}: the top level must be a mapping of sections (e.g. "
+                                  "'trainer: {lr: 1.0e-6}'), not a scalar") from None
             raise ConfigError(f"config file {yaml_file} is not valid YAML: {e}") from None
+        _check_yaml_shape(yaml_file, layer, schema)
+        layers.append(layer)
     if overrides:
         items = normalize_overrides(list(overrides))
         for it in items:
@@ -637,10 +642,25 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
         raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {close}?" if close else "")
                           + f" Valid keys: {valid}") from None
     except ValidationError as e:
-        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {e.msg.splitlines()[0]}") from None
+        msg = (e.msg or str(e) or type(e).__name__).splitlines()[0]
+        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {msg}") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad config: {e}") from None
     return cfg
+
+
+def _check_yaml_shape(name: str, layer, schema) -> None:
+    """A config file is a mapping of sections (``trainer: {lr: 1e-6}``): say so when its top level,
+    or a section, is a list or a scalar (OmegaConf's own errors name neither the file nor the key)."""
+    from omegaconf import DictConfig
+
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"config file {name}: the top level must be a mapping of sections (e.g. "
+                          f"'trainer: {{lr: 1.0e-6}}'), not a {type(layer).__name__.replace('Config', '').lower()}")
+    for key in layer:
+        if key in schema and isinstance(schema[key], DictConfig) and not isinstance(layer[key], DictConfig):
+            raise ConfigError(f"config file {name}: '{key}' is a section; give it keys (e.g. '{key}: "
+                              f"{{{next(iter(schema[key]))}: ...}}'), not {layer[key]!r}")
 
 
 def to_yaml(cfg: Config) -> str:
