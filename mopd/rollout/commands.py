@@ -48,12 +48,17 @@ def _rollout(args) -> int:
 
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: must be >= 1 (leave it out to use every question)")
+    if Path(args.out).is_dir():
+        raise UserError(f"--out {args.out} is a directory; give the records file to write, e.g. "
+                        f"{Path(args.out) / 'records.jsonl'}")
     if not Path(args.model).is_dir():
         raise UserError(f"model directory {args.model} does not exist")
     cfg = resolve(args.preset or f"{args.workflow or 'cmas'}_base", args.overrides)
     workflow = args.workflow or cfg.rollout.workflow
     questions, _report = load_questions(args.data, skip_malformed=cfg.data.skip_malformed)
-    questions = questions[:args.limit] if args.limit else questions
+    questions = questions[:args.limit] if args.limit is not None else questions
     if not questions:
         raise UserError(f"{args.data} holds no questions")
     try:
