@@ -50,8 +50,16 @@ def _build_splits(args) -> int:
                 skipped += rep.skipped
                 if rep.skipped:
                     print(f"{f}: skipped {rep.skipped} malformed row(s), first: {rep.problems[0]}")
+        for files, pool, name in ((args.train, train, "training"), (args.test, test, "test")):
+            if not pool:
+                raise UserError(f"the {name} pool is empty: {' '.join(files)} hold(s) no questions")
         test_counts, dev_counts = parse_counts(args.test_counts), parse_counts(args.dev_counts)
         splits = build_splits(train, test, test_counts=test_counts, dev_counts=dev_counts, seed=args.seed)
+        if not splits.train or not splits.test:
+            empty = "train" if not splits.train else "test"
+            raise UserError(f"the {empty} split would be empty (train {len(splits.train)}, dev {len(splits.dev)}, "
+                            f"test {len(splits.test)}): lower --dev-counts / --test-counts or add questions; "
+                            "nothing was written")
         manifest = write_splits(splits, args.out, seed=args.seed, inputs=list(args.train) + list(args.test),
                                 test_counts=test_counts, dev_counts=dev_counts, skipped_rows=skipped)
     except DataError as e:
