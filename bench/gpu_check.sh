@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# One-command GPU check of mopd.kernels (DESIGN §7, §8): compiled Triton kernels against the naive
-# references, then timings against the matmul floor, the chunked torch path and Liger, on one H200
-# (stock image: torch 2.11, triton 3.6; nothing to install). Sized for under 8 minutes (not yet run
-# on a GPU); a 470 s timeout stops it regardless.
+# One-command GPU check (DESIGN §7, §8) on one H200 (stock image: torch 2.11, triton 3.6,
+# transformers 5.17; no vllm, flash-attn, omegaconf): (1) mopd.kernels' compiled Triton kernels
+# against the naive references, then timed against the matmul floor, the chunked torch path and
+# Liger; (2) one trainer step of a small Qwen3 model with the HF engine (bench/gpu_train_step.py);
+# (3) the GPU training path through FSDP2 at world size 1 (bench/gpu_fsdp_step.py: fp32 masters and
+# bf16 compute, the teacher, the colocation cycle with streamed weights, a checkpoint save/load, and
+# vLLM where it imports), tokens/s per phase. Sized for under 8 minutes (280 + 70 + 110 s caps; not
+# yet run on a GPU).
 #
 #   bash bench/gpu_check.sh              # on the GPU machine; prints PASS/FAIL lines
 #   bash bench/gpu_check.sh --dry-run    # CPU self-check with the Triton interpreter (tests run this)
 #   bash bench/gpu_check.sh --skip-timing | --strict | --shape T,H,V   (passed to bench/gpu_kernels.py)
 #
 # With $OUT set, the JSON summary goes to $OUT/kernels_gpu.json and the log to $OUT/kernels_gpu.log.
-# Liger's fused linear cross entropy is timed when liger_kernel imports, or when a wheel was carried
-# in .whl/ (here: `pip download --no-deps -d .whl liger-kernel`, then carry .whl).
+# Wheels the image lacks (liger-kernel, omegaconf) are installed offline from .whl/ when carried
+# (build it here with `bash bench/fetch_gpu_wheels.sh`, 2 MiB, then carry .whl).
 # Python: $PYTHON if set, else python3 (the GPU image's, with CUDA torch); .venv/bin/python for --dry-run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +24,13 @@ dry=0
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ "$dry" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-if [ "$dry" = 0 ] && ! "$PY" -c 'import liger_kernel' 2>/dev/null; then
-  for whl in .whl/liger_kernel-*.whl; do
-    [ -f "$whl" ] && "$PY" -m pip install -q --no-deps --no-index "$whl" && echo "INFO installed $whl"
+if [ "$dry" = 0 ]; then
+  for pair in liger_kernel:liger_kernel omegaconf:omegaconf antlr4:antlr4_python3_runtime; do
+    mod="${pair%%:*}"; stem="${pair##*:}"
+    "$PY" -c "import $mod" 2>/dev/null && continue
+    for whl in .whl/"$stem"-*.whl; do
+      [ -f "$whl" ] && "$PY" -m pip install -q --no-deps --no-index "$whl" && echo "INFO installed $whl"
+    done
   done
 fi
 
@@ -34,19 +42,28 @@ if [ -n "${OUT:-}" ]; then
   log="$OUT/kernels_gpu.log"
 fi
 
-# 360 s for the kernels plus 90 s for the training step leave the 8-minute budget some slack.
-timeout 360 "$PY" bench/gpu_kernels.py "${out_args[@]}" "$@" 2>&1 | tee "$log"
+# 280 s for the kernels, 70 s for the trainer step, 110 s for the FSDP2 path: 460 s of 480.
+timeout 280 "$PY" bench/gpu_kernels.py "${out_args[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" = 124 ]; then
-  echo "FAIL gpu_check: kernels timed out after 360 s"
+  echo "FAIL gpu_check: kernels timed out after 280 s"
 fi
 
 # One training step of a small Qwen3-architecture model with the HF engine (DESIGN §7, trainer issue).
 step_args=()
 [ "$dry" = 1 ] && step_args+=(--dry-run)
 [ -n "${OUT:-}" ] && step_args+=(--out "$OUT/train_step.json")
-timeout 90 "$PY" bench/gpu_train_step.py "${step_args[@]}" 2>&1 | tee -a "$log"
+timeout 70 "$PY" bench/gpu_train_step.py "${step_args[@]}" 2>&1 | tee -a "$log"
 step_rc=${PIPESTATUS[0]}
-[ "$step_rc" = 124 ] && echo "FAIL gpu_check: training step timed out after 90 s"
+[ "$step_rc" = 124 ] && echo "FAIL gpu_check: training step timed out after 70 s"
 [ "$rc" = 0 ] && rc=$step_rc
+
+# The FSDP2 training path at world size 1, the teacher, the colocation cycle, checkpoints (issue 14).
+fsdp_args=()
+[ "$dry" = 1 ] && fsdp_args+=(--dry-run)
+[ -n "${OUT:-}" ] && fsdp_args+=(--out "$OUT/fsdp_step.json")
+timeout 110 "$PY" bench/gpu_fsdp_step.py "${fsdp_args[@]}" 2>&1 | tee -a "$log"
+fsdp_rc=${PIPESTATUS[0]}
+[ "$fsdp_rc" = 124 ] && echo "FAIL gpu_check: FSDP2 path timed out after 110 s"
+[ "$rc" = 0 ] && rc=$fsdp_rc
 exit "$rc"
