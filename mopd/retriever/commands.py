@@ -105,14 +105,27 @@ def _open(args):
 
 
 def _build(args) -> int:
+    import shutil
+    from pathlib import Path
+
+    from mopd.core.errors import UserError
     from mopd.retriever import bundled_corpus_path
     from mopd.retriever.builder import IndexSpec, build_index
 
     spec = IndexSpec(encoder=args.encoder, index_kind=args.index_kind, encoder_path=args.encoder_path,
                      device=args.device, chunk_size=args.chunk_size, batch_size=args.batch_size,
                      max_passages=args.max_passages)
-    _run(lambda: build_index(args.corpus or bundled_corpus_path(), args.out, spec, progress=True,
-                             overwrite=args.overwrite))
+    out = Path(args.out)
+    fresh = not out.exists()
+    try:
+        _run(lambda: build_index(args.corpus or bundled_corpus_path(), out, spec, progress=True,
+                                 overwrite=args.overwrite))
+    except UserError:
+        # A bad corpus or encoder found before any chunk was encoded: leave no half-built directory
+        # (encoded chunks are kept: rerunning resumes from them).
+        if fresh and out.is_dir() and not any((out / "build").glob("*")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return 0
 
 
