@@ -47,20 +47,6 @@ def register(sub) -> None:
     _register_plan(sub)
 
 
-def _misplaced_options(args, own: tuple) -> None:
-    """Options typed after the preset land among the overrides: say that they go before it."""
-    from mopd.core.errors import UserError
-
-    for o in args.overrides or ():
-        name = o.split("=", 1)[0]
-        if name in own:
-            raise UserError(f"{name} comes after the preset; options go before it: "
-                            f"mopd {args.command} {name} ... {args.preset} [overrides]")
-
-
-TRAIN_OPTIONS = ("--file", "--resume", "--overwrite", "--allow-changed", "--steps", "--export")
-
-
 def _train(args) -> int:
     import logging
     import os
@@ -70,7 +56,6 @@ def _train(args) -> int:
     from mopd.train.preflight import PreflightError, check_training_inputs
     from mopd.train.run_dir import RunDirError, default_out_dir, prepare_run_dir
 
-    _misplaced_options(args, TRAIN_OPTIONS)
     if args.allow_changed and not args.resume:
         raise UserError("--allow-changed only applies with --resume")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -46,9 +46,17 @@ def test_resume_with_another_preset_is_refused_with_the_differences(tiny_model_d
     assert json.loads((out / "run.json").read_text())["config"]["method"] == "tiny_cmas_rl"
 
 
-def test_option_after_the_preset_says_options_go_before_it(tiny_model_dir, qa_file, tmp_path, capsys):
-    _one_line(*_train(capsys, *_args(tiny_model_dir, qa_file, tmp_path / "r"), "--resume"),
-              "--resume comes after the preset; options go before it")
+@pytest.mark.parametrize("argv,option", [(["train", "tiny_cmas_rl", "trainer.steps=3", "--resume"], "--resume"),
+                                         (["train", "tiny_cmas_rl", "--steps=3"], "--steps"),
+                                         (["eval", "run", "--model", "m", "rollout.seed=1", "--limit", "3"], "--limit"),
+                                         (["config", "show", "tiny_cmas_rl", "--file", "x.yaml"], "--file")])
+def test_option_after_the_preset_says_options_go_before_it(capsys, argv, option):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert f"error: {option} comes after the preset or the overrides; options go before them" in err
+    assert main(["config", "show", "tiny_cmas_rl", "--trainer.steps", "4"]) == 0   # a --key override still works
 
 
 def test_allow_changed_needs_resume(tiny_model_dir, qa_file, tmp_path, capsys):
