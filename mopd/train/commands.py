@@ -50,11 +50,12 @@ def register(sub) -> None:
 def _train(args) -> int:
     import logging
     import os
+    from pathlib import Path
 
     from mopd.config import resolve
     from mopd.core.errors import UserError
     from mopd.train.preflight import PreflightError, check_training_inputs
-    from mopd.train.run_dir import RunDirError, default_out_dir, prepare_run_dir
+    from mopd.train.run_dir import RunDirError, default_out_dir, discard_unstarted, prepare_run_dir
 
     if args.allow_changed and not args.resume:
         raise UserError("--allow-changed only applies with --resume")
@@ -74,7 +75,12 @@ def _train(args) -> int:
     from mopd.train.trainer import PolicyTrainer, TrainingError
 
     try:
-        trainer = PolicyTrainer(cfg, resume=args.resume)
+        try:
+            trainer = PolicyTrainer(cfg, resume=args.resume)
+        except BaseException:
+            if start is not None and not args.resume:   # nothing trained: the directory is free again
+                discard_unstarted(Path(cfg.trainer.out_dir))
+            raise
         for line in start.events if start is not None else ():
             trainer.logger.event(trainer.step, "run_dir", line)
         try:

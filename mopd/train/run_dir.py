@@ -223,6 +223,20 @@ def prepare_run_dir(cfg, *, resume: bool, overwrite: bool = False, allow_changed
     return start
 
 
+UNSTARTED = {"run.json", "config.yaml", "events.jsonl"}
+
+
+def discard_unstarted(out_dir: Path) -> bool:
+    """Remove what a fresh start wrote if it failed before training (no metrics, no checkpoints),
+    so the next start is not refused as "holds a run"; returns whether it did."""
+    found = set(present_entries(out_dir)) if out_dir.is_dir() else set()
+    if not found or not found <= UNSTARTED:
+        return False
+    for name in found:
+        (out_dir / name).unlink(missing_ok=True)
+    return True
+
+
 def default_out_dir(cfg, preset: str | None) -> bool:
     """Give a run left at the generic ``runs/default`` the preset's name (``runs/<preset>``);
     returns whether it did."""

@@ -11,6 +11,7 @@ from mopd.train.run_dir import (
     RUN_FILE,
     RunDirError,
     default_out_dir,
+    discard_unstarted,
     prepare_run_dir,
     run_identity,
     truncate_metrics,
@@ -153,3 +154,15 @@ def test_truncate_metrics_drops_later_steps_and_everything_without_a_checkpoint(
     assert truncate_metrics(f, 2) == 2 and [json.loads(x)["step"] for x in f.read_text().splitlines()] == [0, 1, 2]
     assert truncate_metrics(f, None) == 3 and f.read_text() == ""
     assert truncate_metrics(tmp_path / "none.jsonl", 3) == 0
+
+
+def test_a_fresh_start_that_failed_before_training_frees_the_directory(tiny_model_dir, qa_file, tmp_path):
+    out = tmp_path / "run"
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=False)
+    (out / "config.yaml").write_text("x: 1\n")
+    (out / "events.jsonl").write_text('{"kind": "data"}\n')
+    (out / "notes.txt").write_text("mine")
+    assert discard_unstarted(out) and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=False)      # not refused now
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert not discard_unstarted(out) and (out / RUN_FILE).is_file()     # it trained: kept

@@ -103,3 +103,13 @@ def test_unreachable_retriever_at_start(tiny_model_dir, qa_file, tmp_path, capsy
 def test_missing_index_directory(tiny_model_dir, qa_file, tmp_path, capsys):
     _one_line(*_train(capsys, *_args(tiny_model_dir, qa_file, tmp_path / "r", "tiny_cmas_rl",
                                      f"retriever.index={tmp_path / 'noindex'}")), "is not a directory")
+
+
+def test_failed_fresh_start_leaves_the_directory_free(qa_file, tmp_path, capsys):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')   # no weights: fails while loading
+    out = tmp_path / "r"
+    for _ in range(2):                                              # the second start is not refused
+        _one_line(*_train(capsys, *_args(model, qa_file, out)), "cannot load model")
+        assert not out.exists() or not any(out.iterdir())
