@@ -8,9 +8,10 @@ other workflows (and their retrieval) while the engine computes.
 
 - :class:`BatchingFront`, for engines with a synchronous ``generate`` (HF, scripted): each
   iteration takes every pending request, oldest first, up to ``max_batch_calls`` sampled
-  sequences, runs one ``generate`` over them and resolves their futures; what is submitted
-  meanwhile makes the next batch. On the HF engine a row samples the same tokens in any batch
-  (per-row seeded streams, :mod:`mopd.rollout.sampling`), so batching does not change records.
+  sequences (after a short wait for runs that are about to submit), runs one ``generate`` over
+  them and resolves their futures; what is submitted meanwhile makes the next batch. On the HF
+  engine a row samples the same tokens in any batch (per-row seeded streams,
+  :mod:`mopd.rollout.sampling`), so batching does not change records.
 - :class:`mopd.rollout.vllm_async_engine.VLLMStepFront`, for the vLLM engine: requests join
   vLLM's running batch between engine steps and leave it the step they finish.
 
@@ -40,6 +41,10 @@ class EngineFront(Protocol):
         ...
 
 
+GATHER_POLL_S = 0.002
+"""How often a gathering front looks again at the runs it waits for."""
+
+
 class FrontClosed(RuntimeError):
     """A request was submitted to (or left pending in) a front that was closed."""
 
@@ -55,13 +60,24 @@ def cuda_device_keeper() -> Callable[[], None]:
 
 
 class BatchingFront:
-    """Continuous batching for a synchronous engine: every ``generate`` call takes all that is pending."""
+    """Batching for a synchronous engine: every ``generate`` call takes all that is pending.
 
-    def __init__(self, engine, *, max_batch_calls: int = 256, name: str = "mopd-engine"):
+    A ``generate`` call runs until its longest sequence ends, so on such an engine small batches
+    waste it (each call pays its own tail). ``others()`` says how many runs are neither done nor
+    waiting on the engine (they are between turns, or searching); while some are, the front waits
+    up to ``gather_s`` for their turns to join the batch. When every live run is waiting on the
+    engine, or the time is up, the batch goes: a run is never held for a straggler's long turn.
+    """
+
+    def __init__(self, engine, *, max_batch_calls: int = 256, others: Callable[[], int] = lambda: 0,
+                 gather_s: float = 0.05, name: str = "mopd-engine"):
         if max_batch_calls < 1:
             raise ValueError(f"max_batch_calls={max_batch_calls} must be >= 1")
+        if gather_s < 0:
+            raise ValueError(f"gather_s={gather_s} must be >= 0")
         self.engine = engine
         self.max_batch_calls = max_batch_calls
+        self.others, self.gather_s = others, gather_s
         self.meter = BusyMeter()
         self._pending: Deque[Tuple[GenerationRequest, Future, float]] = deque()
         self._cv = threading.Condition()
@@ -86,6 +102,12 @@ class BatchingFront:
             while True:
                 while not self._pending and not self._closed:
                     self._cv.wait()
+                deadline = time.perf_counter() + self.gather_s
+                while not self._closed and self.others() > 0 and self._rows() < self.max_batch_calls:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._cv.wait(min(left, GATHER_POLL_S))
                 if self._closed:
                     return None
                 batch, rows, cap = [], 0, self.max_batch_calls
@@ -96,6 +118,9 @@ class BatchingFront:
                         rows += item[0].params.n
                 if batch:
                     return batch
+
+    def _rows(self) -> int:
+        return sum(r.params.n for r, _, _ in self._pending)
 
     def _loop(self) -> None:
         self._on_worker()
@@ -131,11 +156,12 @@ class BatchingFront:
         self._thread.join()
 
 
-def engine_front(engine, *, max_batch_calls: int = 256) -> EngineFront:
+def engine_front(engine, *, max_batch_calls: int = 256, others: Callable[[], int] = lambda: 0) -> EngineFront:
     """The front for ``engine``: vLLM's step-level continuous batching for a
-    :class:`~mopd.rollout.vllm_engine.VLLMEngine`, the batching fallback for anything else."""
+    :class:`~mopd.rollout.vllm_engine.VLLMEngine` (sequences join between decode steps, so it never
+    waits to gather), the batching fallback for anything else (``others``: see BatchingFront)."""
     if getattr(engine, "llm", None) is not None and hasattr(engine.llm, "llm_engine"):
         from mopd.rollout.vllm_async_engine import VLLMStepFront
 
         return VLLMStepFront(engine)
-    return BatchingFront(engine, max_batch_calls=max_batch_calls)
+    return BatchingFront(engine, max_batch_calls=max_batch_calls, others=others)

@@ -66,11 +66,36 @@ async def _await_all(futures):
             w.cancel()  # a no-op on finished ones; drops the rest from the fronts' queues
 
 
-async def drive_run(run, engine, retrieval) -> bool:
+class RunCounter:
+    """Runs admitted, not done, and not waiting on the engine (read by the engine front's thread;
+    an int read is atomic)."""
+
+    def __init__(self):
+        self.away = 0
+
+    def __call__(self) -> int:
+        return self.away
+
+
+async def drive_run(run, engine, retrieval, counter: Optional[RunCounter] = None) -> bool:
     """Advance one run to its end; False when a search failed and ended it."""
+    counter = counter or RunCounter()
+    counter.away += 1
+    try:
+        return await _drive(run, engine, retrieval, counter)
+    finally:
+        counter.away -= 1
+
+
+async def _drive(run, engine, retrieval, counter: RunCounter) -> bool:
     while not run.done:
         turns = run.begin_step()
-        outputs = await _await_all([engine.submit(t.request) for t in turns])
+        futures = [engine.submit(t.request) for t in turns]
+        counter.away -= 1
+        try:
+            outputs = await _await_all(futures)
+        finally:
+            counter.away += 1
         for turn, completions in zip(turns, outputs, strict=True):
             turn.deliver(completions)
         needs = run.searches()
@@ -91,15 +116,18 @@ async def drive_run(run, engine, retrieval) -> bool:
     return True
 
 
-async def drive_runs(runs, engine, retrieval, *, max_active_runs: Optional[int] = None, progress=None) -> int:
-    """Drive every run concurrently (at most ``max_active_runs`` at once); the number that failed."""
+async def drive_runs(runs, engine, retrieval, *, max_active_runs: Optional[int] = None, progress=None,
+                     counter: Optional[RunCounter] = None) -> int:
+    """Drive every run concurrently (at most ``max_active_runs`` at once); the number that failed.
+    ``counter``: kept up to date with the runs not waiting on the engine (for the engine front)."""
     gate = asyncio.Semaphore(max_active_runs or max(1, len(runs)))
+    counter = counter or RunCounter()
     failed = 0
 
     async def one(run):
         nonlocal failed
         async with gate:
-            ok = await drive_run(run, engine, retrieval)
+            ok = await drive_run(run, engine, retrieval, counter)
         failed += not ok
         if progress is not None:
             progress.update(1)
@@ -136,12 +164,14 @@ def run_workflows_async(engine, retriever, tokenizer, questions, settings: Workf
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
-    front = engine_front(engine, max_batch_calls=settings.max_batch_calls)
+    counter = RunCounter()
+    front = engine_front(engine, max_batch_calls=settings.max_batch_calls, others=counter)
     searches = RetrievalFront(retriever, settings.topk, workers=retrieval_workers,
                               timeout_s=retrieval_timeout_s, fatal=FATAL_RETRIEVAL_ERRORS)
     start = time.perf_counter()
     try:
-        failed = asyncio.run(drive_runs(runs, front, searches, max_active_runs=max_active_runs, progress=bar))
+        failed = asyncio.run(drive_runs(runs, front, searches, max_active_runs=max_active_runs, progress=bar,
+                                        counter=counter))
     finally:
         wall = time.perf_counter() - start
         front.close()

@@ -73,6 +73,27 @@ def test_batching_front_errors_reach_only_their_batch_and_close_fails_the_rest()
     assert not front._thread.is_alive()
 
 
+def test_batching_front_waits_for_runs_about_to_submit_but_not_forever():
+    engine = GatedEngine()
+    engine.release.set()
+    away = [1]  # runs neither done nor waiting on the engine
+    front = BatchingFront(engine, others=lambda: away[0], gather_s=5.0)
+    try:
+        a = front.submit(req(1))
+        time.sleep(0.05)
+        assert not engine.batches  # one run is still on its way: gather
+        b = front.submit(req(2))
+        away[0] = 0
+        wait([a, b], timeout=10)
+        assert engine.batches == [[1, 2]]
+        front.gather_s = 0.05  # a run that never comes (a hung search): the batch goes at the deadline
+        away[0] = 1
+        assert front.submit(req(3)).result(10)[0].text == "3.0"
+        assert engine.batches[-1] == [3]
+    finally:
+        front.close()
+
+
 class FakeStepEngine:
     """A vLLM-like LLMEngine: each request decodes one token per step() until it has
     max_tokens; outputs of finished requests come back from the step that finished them."""
