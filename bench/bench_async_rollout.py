@@ -1,0 +1,221 @@
+"""Asynchronous turn-level scheduling against lock-step rounds (DESIGN §7 target: async >= 1.5x the
+tokens/s of lock-step at the paper's scale, simulated with a calibrated engine cost model).
+
+1. ``test_simulated_stage2_step``: one Stage II step at the paper's scale (32 questions x 5
+   trajectories of H-MAS, 12 steps, 5 rounds, 512-token outputs, 5 Answerer candidates) in the
+   discrete-event simulation of ``bench/rollout_sim.py``, for lock-step and async. Runs are drawn
+   from traces of H-MAS runs on a tiny world at the paper's limits with 64-token outputs (the step-by-
+   step shape: turns, output lengths, searches), outputs scaled by 512/64: ``tiny_hmas_traces_pi0.json``
+   (pi_0 sampling at T=1 on the HF engine) and ``tiny_hmas_traces.json`` (the scripted team pi_0
+   imitates); made by ``python bench/bench_async_rollout.py trace WORLD MODEL OUT [scripted|model]``.
+2. ``test_cpu_tiny_world``: both schedulers on the CPU, alternating in one process, on a tiny world
+   with the HF engine and the retrieval server in its own process (``mopd retriever serve``).
+   Needs a world and a model: ``MOPD_BENCH_WORLD`` (default /tmp/quick/world) and
+   ``MOPD_BENCH_MODEL`` (default /tmp/quick/pi0), e.g. from ``mopd demo --quick --out /tmp/quick``.
+
+Run: .venv/bin/pytest -q bench/bench_async_rollout.py -s
+The printed numbers go by hand into the "Asynchronous rollout" section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rollout_sim import CostModel, Retrieval, compare, load_traces, sample_runs  # noqa: E402
+
+TRACES = {"pi_0 sampling": Path(__file__).parent / "data" / "tiny_hmas_traces_pi0.json",
+          "scripted team": Path(__file__).parent / "data" / "tiny_hmas_traces.json"}
+PAPER = {"questions": 32, "group": 5, "max_steps": 12, "max_rounds": 5, "max_output_tokens": 512,
+         "answer_candidates": 5}
+TINY_OUTPUT_CAP = 64
+PROMPT_SCALE = 4.0
+"""Prompt/passages scale: a tiny-world passage is ~25 tokens, a Wikipedia passage ~130 (x4-5)."""
+
+
+def _row(name, res):
+    return (f"{name:9s} wall {res.wall_s:7.2f} s  busy {res.busy_fraction:5.1%}  "
+            f"mean rows {res.mean_rows:6.1f}  engine steps {res.engine_steps:6d}  {res.tokens:8d} tokens  "
+            f"{res.tokens_per_s:8.0f} tok/s")
+
+
+def test_simulated_stage2_step():
+    n = PAPER["questions"] * PAPER["group"]
+    scale = PAPER["max_output_tokens"] / TINY_OUTPUT_CAP
+    variants = {
+        "calibrated (Qwen3-4B, H200, E5 server)": (CostModel(), Retrieval()),
+        "4x per-row cost": (CostModel(row_s=2e-5), Retrieval()),
+        "H100 (3.35 TB/s)": (CostModel(weights_s=3.12e-3, kv_s_per_token=5.72e-8), Retrieval()),
+        "slow retrieval (CPU FAISS, 0.5 s + 2 ms/query)": (CostModel(),
+                                                           Retrieval(base_s=0.5, per_query_s=2e-3)),
+    }
+    calibrated = []
+    for label, path in TRACES.items():
+        traces, meta = load_traces(path)
+        print(f"\n== {label}: {len(traces)} runs of {meta['source']}; {n} runs per step, outputs x{scale:g}")
+        for name, (cost, retrieval) in variants.items():
+            per_seed = [compare(sample_runs(traces, n, seed, scale, PROMPT_SCALE, PAPER["max_output_tokens"]),
+                                cost, retrieval) for seed in range(3)]
+            print(f"-- {name}")
+            for mode in ("lockstep", "async"):
+                print("   " + _row(mode, per_seed[0][mode]))
+            r = [p["async"].tokens_per_s / p["lockstep"].tokens_per_s for p in per_seed]
+            print(f"   async / lock-step tokens/s over 3 draws: {', '.join(f'{x:.2f}' for x in r)}")
+            if name.startswith("calibrated"):
+                calibrated += r
+    assert min(calibrated) > 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU measurement on a tiny world
+# ----------------------------------------------------------------------------------------------
+WORLD = Path(os.environ.get("MOPD_BENCH_WORLD", "/tmp/quick/world"))
+MODEL = Path(os.environ.get("MOPD_BENCH_MODEL", "/tmp/quick/pi0"))
+ROUNDS = int(os.environ.get("MOPD_BENCH_ROUNDS", "3"))
+
+
+class MeteredEngine:
+    """Times generate() calls of the lock-step scheduler (the async fronts time themselves)."""
+
+    def __init__(self, engine):
+        self.engine, self.busy, self.calls, self.row_seconds = engine, 0.0, 0, 0.0
+        self.tokenizer = engine.tokenizer
+
+    def generate(self, requests):
+        start = time.perf_counter()
+        out = self.engine.generate(requests)
+        dt = time.perf_counter() - start
+        self.busy += dt
+        self.calls += 1
+        self.row_seconds += dt * sum(r.params.n for r in requests)
+        return out
+
+    def reset_prefix_cache(self):
+        self.engine.reset_prefix_cache()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (WORLD / "index" / "meta.json").is_file() or not (MODEL / "config.json").is_file():
+        pytest.skip(f"needs a tiny world at {WORLD} and a model at {MODEL} "
+                    "(mopd demo --quick --out /tmp/quick)")
+    from mopd.retriever import HttpRetriever
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mopd", "retriever", "serve",
+                             "--index", str(WORLD / "index"), "--port", str(port), "--device", "cpu"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = HttpRetriever(f"http://127.0.0.1:{port}", timeout_s=30, retries=0)
+    try:
+        for _ in range(240):
+            try:
+                client.health()
+                break
+            except Exception:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("the retrieval server did not start")
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_cpu_tiny_world(server):
+    import torch
+
+    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.rollout.async_scheduler import run_workflows_async
+    from mopd.rollout.hf_engine import HFEngine
+    from mopd.rollout.run_state import WorkflowSettings
+    from mopd.rollout.scheduler import run_workflows
+
+    torch.set_num_threads(1)
+    engine = HFEngine.from_pretrained(str(MODEL), device="cpu")
+    questions = load_split(WorldPaths.of(WORLD), "train")[:int(os.environ.get("MOPD_BENCH_QUESTIONS", "16"))]
+    settings = WorkflowSettings(workflow="hmas", max_steps=8, max_rounds=3, max_input_tokens=2048,
+                                max_output_tokens=TINY_OUTPUT_CAP, answer_candidates=4, temperature=0.6,
+                                seed=0)
+    attempts = int(os.environ.get("MOPD_BENCH_ATTEMPTS", "4"))
+    results = {"lockstep": [], "async": []}
+    for r in range(ROUNDS):
+        for mode in (("lockstep", "async") if r % 2 == 0 else ("async", "lockstep")):
+            start = time.perf_counter()
+            if mode == "lockstep":
+                metered = MeteredEngine(engine)
+                recs = run_workflows(metered, server, engine.tokenizer, questions, settings,
+                                     attempts=attempts, progress=False)
+                wall = time.perf_counter() - start
+                busy, rows = metered.busy / wall, metered.row_seconds / max(metered.busy, 1e-9)
+            else:
+                recs = run_workflows_async(engine, server, engine.tokenizer, questions, settings,
+                                           attempts=attempts, progress=False, retrieval_workers=2)
+                wall = time.perf_counter() - start
+                busy, rows = recs.stats.busy_fraction, recs.stats.mean_batch_rows
+            tokens = sum(x.output_tokens for x in recs)
+            searches = sum(x.search_actions for x in recs)
+            results[mode].append((wall, tokens, busy, rows, searches))
+            print(f"\nround {r} {mode:8s}: {wall:6.2f} s  {tokens} tokens  {tokens / wall:7.1f} tok/s  "
+                  f"busy {busy:5.1%}  mean rows {rows:5.1f}  searches {searches}")
+    best = {m: max(t / w for w, t, *_ in v) for m, v in results.items()}
+    print(f"best tokens/s: lock-step {best['lockstep']:.1f}, async {best['async']:.1f}, "
+          f"ratio {best['async'] / best['lockstep']:.2f}")
+    pairs = [a[1] / a[0] / (b[1] / b[0]) for a, b in zip(results["async"], results["lockstep"])]
+    print("per-round ratios: " + ", ".join(f"{p:.2f}" for p in pairs))
+
+
+# ----------------------------------------------------------------------------------------------
+def make_traces(world: Path, model_dir: Path, out: Path, attempts: int = 3, policy: str = "scripted") -> None:
+    """H-MAS runs on the tiny world's training questions at the paper's limits (12 steps, 5 rounds,
+    5 candidates; 64-token outputs, the tiny presets' cap), as step traces. ``policy``: 'scripted'
+    (the tiny world's scripted team, with ``model_dir``'s tokenizer) or 'model' (the model in
+    ``model_dir`` on the HF engine, sampling at temperature 1)."""
+    import torch
+    from rollout_sim import save_traces, trace_runs
+    from transformers import AutoTokenizer
+
+    from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
+    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.retriever import open_retriever
+    from mopd.rollout.hf_engine import HFEngine
+    from mopd.rollout.run_state import WorkflowSettings
+
+    torch.set_num_threads(1)
+    paths = WorldPaths.of(world)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if policy == "scripted":
+        engine = DemoEngine(world_policy(paths.root, DemoStyle()), tokenizer, seed=0)
+        source = f"the scripted tiny-world team (DemoStyle defaults), H-MAS, {world}"
+    else:
+        engine = HFEngine.from_pretrained(str(model_dir), device="cpu")
+        source = f"pi_0 {model_dir} sampling at T=1 on the HF engine, H-MAS, {world}"
+    settings = WorkflowSettings(workflow="hmas", max_steps=PAPER["max_steps"], max_rounds=PAPER["max_rounds"],
+                                max_output_tokens=TINY_OUTPUT_CAP,
+                                answer_candidates=PAPER["answer_candidates"], temperature=1.0, seed=0)
+    traces = trace_runs(engine, open_retriever(world / "index"), tokenizer, load_split(paths, "train"),
+                        settings, attempts=attempts)
+    save_traces(out, traces, {"source": source,
+                              "settings": {"max_steps": settings.max_steps, "max_rounds": settings.max_rounds,
+                                           "max_output_tokens": TINY_OUTPUT_CAP,
+                                           "answer_candidates": settings.answer_candidates},
+                              "attempts": attempts})
+    print(f"{len(traces)} traces -> {out}")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["trace"]:
+    # python bench/bench_async_rollout.py trace WORLD MODEL_DIR OUT [scripted|model]
+    make_traces(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),
+                policy=sys.argv[5] if len(sys.argv) > 5 else "scripted")
