@@ -98,7 +98,7 @@ def main():
     del lm, pol
 
     # 2. mixed precision: fp32 masters and AdamW state, bf16 compute, loss inputs untouched
-    from mopd.kernels import ops   # FusedLinearPolicyLoss.forward calls ops.fused_linear_policy_loss
+    from mopd.kernels import ops  # FusedLinearPolicyLoss.forward calls ops.fused_linear_policy_loss
 
     seen = []
     real_loss = ops.fused_linear_policy_loss
