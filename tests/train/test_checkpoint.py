@@ -212,3 +212,16 @@ def test_checkpoint_written_before_manifests_still_loads(run, tiny_model_dir):
     (s3 / "trainer_state.json").write_text(json.dumps(state))
     m, path, _, skipped = _load_into_fresh(tiny_model_dir, run_dir)
     assert path == s3 and not skipped and _same(m, weights[3])
+
+
+@pytest.mark.slow
+def test_two_rank_checkpoint_manifest_lists_both_ranks_files(tiny_model_dir, qa_file, tmp_path):
+    """Under torchrun each rank hashes its share of the files and rank 0 writes one manifest."""
+    from test_distributed import torchrun
+
+    out = tmp_path / "run"
+    torchrun(tiny_model_dir, qa_file, out)
+    latest = ckpt.latest_checkpoint(out)
+    files = json.loads((latest / MANIFEST).read_text())["files"]
+    assert {"rng_rank0.pt", "rng_rank1.pt", ".metadata", "trainer_state.json"} <= set(files)
+    assert len([n for n in files if n.endswith(".distcp")]) == 2 and verify_checkpoint(latest) is None
