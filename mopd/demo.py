@@ -47,12 +47,65 @@ class DemoSettings:
     quick: bool = False
     """A smoke run of the pipeline (a smaller world, a few SFT and RL steps, short workflows): checks
     that every stage and artifact works, says nothing about the method."""
+    world: List[str] = field(default_factory=list)
+    """World settings as KEY=VALUE (any :class:`mopd.data.tinyworld.WorldSettings` field, e.g.
+    test_per_dataset=100 bands=400): a larger test split narrows the intervals at little cost."""
+    stage2_questions_per_step: Optional[int] = None
+    """Stage II questions per step (None: the tiny_mopd preset's)."""
+    eval_split: str = "test"
+    """The split the four systems are evaluated on: test (the final numbers, looked at once) or dev
+    (every tuning choice; reported under report_dev/, evaluations under eval_dev/)."""
+    pi0_check_attempts: int = 4
+    """Workflows per dev question when pi_0 is checked (format validity and EM, both workflows)."""
+    weak_pi0_em: float = 0.15
+    """pi_0 is flagged weak when its dev EM (mean of C-MAS and H-MAS) is below this. Measured:
+    seeds whose pi_0 scored 5-12% C-MAS avg@4 learned nothing in 20 steps (issue 18), seed 0 at 18%
+    did; re-measure with `mopd world pi0-check --seeds ...` and set it from that."""
+    weak_pi0_valid: float = 0.9
+    """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid (measured: 0.99-1.0)."""
+
+    def __post_init__(self):
+        if self.eval_split not in ("test", "dev"):
+            raise ValueError(f"eval_split={self.eval_split!r}: choose test or dev")
+        if self.pi0_check_attempts < 0:
+            raise ValueError("pi0_check_attempts must be >= 0 (0: no check)")
+        if self.stage2_questions_per_step is not None and self.stage2_questions_per_step < 1:
+            raise ValueError("stage2_questions_per_step must be >= 1")
+        world_settings(self)  # a bad KEY=VALUE fails here, before anything is built
 
 
 QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
 """Workflow limits of a quick run (training and evaluation)."""
 QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "rollout.answer_candidates=2",
                    "trainer.val_every=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
+
+
+QUICK_WORLD = {"bands": 24, "companies": 8, "towns": 8, "rivers": 4, "twins": 2, "distractors": 20,
+               "test_per_dataset": 4, "dev_per_dataset": 2}
+"""The world of a quick run."""
+
+
+def world_settings(s: "DemoSettings"):
+    """The :class:`mopd.data.tinyworld.WorldSettings` of a demo: the default (or quick) world, the
+    seed and index kind, then ``s.world``'s KEY=VALUE entries."""
+    import dataclasses
+
+    from mopd.data.tinyworld import WorldSettings
+
+    base = dict(QUICK_WORLD) if s.quick else {}
+    fields = {f.name: f for f in dataclasses.fields(WorldSettings)}
+    for item in s.world:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields or key == "seed":
+            raise ValueError(f"world setting {item!r}: expected KEY=VALUE with KEY one of "
+                             f"{sorted(k for k in fields if k != 'seed')}")
+        kind = type(getattr(WorldSettings(), key))
+        try:
+            base[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"world setting {item!r}: {value!r} is not a {kind.__name__}") from None
+    base.setdefault("index_kind", s.index_kind)
+    return WorldSettings(seed=s.seed, **base)
 
 
 def _log(msg: str) -> None:
@@ -66,27 +119,41 @@ def _stage_config(preset: str, s: DemoSettings, world, model: str, out: Path, st
          f"trainer.steps={steps}", f"trainer.seed={s.seed}", f"rollout.seed={s.seed}"]
     if teacher:
         o.append(f"teacher.path={teacher}")
+        if s.stage2_questions_per_step is not None:
+            o.append(f"trainer.questions_per_step={s.stage2_questions_per_step}")
     return resolve(preset, o + list(s.overrides))
+
+
+def _stage_fingerprint(cfg: Config) -> str:
+    """What a finished stage was trained with: its steps and the hash of its resolved config."""
+    import hashlib
+
+    from mopd.config import to_yaml
+
+    return f"{cfg.trainer.steps} {hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]}"
 
 
 def _train_stage(name: str, cfg: Config, retriever, export_dir: Path) -> Path:
     """Train (resuming a killed run) and export; a finished, exported stage is reused."""
     from mopd.train.trainer import PolicyTrainer
 
+    from mopd.core.reproducible import deterministic_torch
+
     done = export_dir / "config.json"
     marker = Path(cfg.trainer.out_dir) / "DONE"
-    if done.is_file() and marker.is_file() and marker.read_text().strip() == str(cfg.trainer.steps):
+    if done.is_file() and marker.is_file() and marker.read_text().strip() == _stage_fingerprint(cfg):
         _log(f"{name}: reusing {export_dir}")
         return export_dir
     _log(f"{name}: training {cfg.trainer.steps} steps ({cfg.method}) -> {cfg.trainer.out_dir}")
     t0 = time.perf_counter()
+    deterministic_torch(max(1, cfg.trainer.cpu_threads))
     trainer = PolicyTrainer(cfg, retriever=retriever, resume=True)
     try:
         trainer.fit()
         trainer.export(export_dir)
     finally:
         trainer.close()
-    marker.write_text(str(cfg.trainer.steps))
+    marker.write_text(_stage_fingerprint(cfg))
     _log(f"{name}: done in {time.perf_counter() - t0:.0f}s; exported {export_dir}")
     return export_dir
 
@@ -155,7 +222,7 @@ def run_demo(s: DemoSettings) -> Path:
     from mopd.config import RetrieverConfig
     from mopd.data.tinyworld import build_world, load_split
     from mopd.data.warmstart import build_pi0
-    from mopd.eval.report import report_runs
+    from mopd.eval.report import ReportOptions, report_runs
     from mopd.retriever import load_retriever
 
     root = Path(s.out)
@@ -224,9 +291,9 @@ def run_demo(s: DemoSettings) -> Path:
     times["eval"] = time.perf_counter() - t
 
     names = [n for n, _, _ in systems]
-    report = report_runs(runs, root / "report", names=names, reference="MultiAgent-OPD",
-                         draws=s.bootstrap_draws, seed=DEFAULT_SEED, validation_logs=logs, validation_labels=labels,
-                         title="MultiAgent-OPD on the built-in tiny world")
+    report = report_runs(runs, root / "report", ReportOptions(
+        names=names, reference="MultiAgent-OPD", draws=s.bootstrap_draws, seed=DEFAULT_SEED, validation_logs=logs,
+        validation_labels=labels, title="MultiAgent-OPD on the built-in tiny world"))
     claims = check_claims(dict(zip(names, runs)), draws=s.bootstrap_draws)
     (root / "report" / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:

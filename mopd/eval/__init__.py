@@ -12,6 +12,7 @@ _EXPORTS = {
     "summarize": "mopd.eval.summary",
     "write_report": "mopd.eval.report",
     "report_runs": "mopd.eval.report",
+    "ReportOptions": "mopd.eval.report",
     "render_markdown": "mopd.eval.report",
     "load_runs": "mopd.eval.loading",
     "read_eval_records": "mopd.eval.loading",
@@ -24,7 +25,7 @@ _EXPORTS = {
     "run_evaluation": "mopd.eval.runner",
 }
 
-__all__ = ["EvalError", "align_runs", "collapse_table", "evaluate", "load_runs", "paired_intervals",
+__all__ = ["EvalError", "ReportOptions", "align_runs", "collapse_table", "evaluate", "load_runs", "paired_intervals",
            "read_eval_records", "render_markdown", "report_runs", "run_evaluation", "summarize",
            "validation_curve_plot", "write_report"]
 

@@ -125,15 +125,16 @@ def _parse_collapse(items):
 def _report(args) -> int:
     from mopd.core.errors import UserError
     from mopd.eval.alignment import EvalError
-    from mopd.eval.report import report_runs
+    from mopd.eval.report import ReportOptions, report_runs
 
     if args.draws < 1:
         raise UserError("--draws must be >= 1")
     collapse = _parse_collapse(args.collapse)
     try:
-        path = report_runs(args.runs, args.out, names=args.names, reference=args.reference, draws=args.draws,
-                           seed=args.seed, intersect=args.intersect, collapse_runs=collapse,
-                           validation_logs=args.val_log, make_plots=not args.no_plots, title=args.title)
+        options = ReportOptions(names=args.names, reference=args.reference, draws=args.draws, seed=args.seed,
+                                intersect=args.intersect, collapse_runs=collapse, validation_logs=args.val_log,
+                                make_plots=not args.no_plots, title=args.title)
+        path = report_runs(args.runs, args.out, options)
     except (EvalError, ValueError) as e:
         raise UserError(str(e)) from None
     print(f"report: {path}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -101,13 +102,40 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
-                names: Optional[Sequence[str]] = None, reference: Optional[str] = None,
-                draws: int = DEFAULT_DRAWS, seed: int = DEFAULT_SEED, intersect: bool = False,
-                collapse_runs: Optional[Mapping[int, str | os.PathLike]] = None,
-                validation_logs: Sequence[str | os.PathLike] = (), validation_labels: Optional[Sequence[str]] = None,
-                make_plots: bool = True, title: str = "Evaluation report") -> Path:
+@dataclass(frozen=True)
+class ReportOptions:
+    """What ``mopd eval report`` compares and what it draws."""
+
+    names: Optional[Sequence[str]] = None
+    """Display name of each run (default: the run directories' names)."""
+    reference: Optional[str] = None
+    """The system every other is compared with (paired bootstrap of the difference)."""
+    draws: int = DEFAULT_DRAWS
+    """Question-bootstrap draws."""
+    seed: int = DEFAULT_SEED
+    """Seed of the bootstrap."""
+    intersect: bool = False
+    """Compare on the questions every run has, instead of refusing runs that differ."""
+    collapse_runs: Optional[Mapping[int, str | os.PathLike]] = None
+    """Evaluations of checkpoints by training step, for the search-collapse table."""
+    validation_logs: Sequence[str | os.PathLike] = ()
+    """metrics.jsonl files whose validation curves are plotted."""
+    validation_labels: Optional[Sequence[str]] = None
+    """Legend labels of those curves."""
+    make_plots: bool = True
+    """Write the PNG plots beside the report."""
+    title: str = "Evaluation report"
+    """The report's heading."""
+
+
+def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
+                options: ReportOptions = ReportOptions()) -> Path:
     """Everything ``mopd eval report`` does: read the runs, summarise, write the report."""
+    o = options
+    names, reference, draws, seed, intersect, collapse_runs = (o.names, o.reference, o.draws, o.seed, o.intersect,
+                                                               o.collapse_runs)
+    validation_logs, validation_labels, make_plots, title = (o.validation_logs, o.validation_labels, o.make_plots,
+                                                             o.title)
     runs = load_runs(run_paths, names)
     summary = summarize(runs, reference=reference, draws=draws, seed=seed, intersect=intersect)
     rows = None
