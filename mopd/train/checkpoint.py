@@ -135,33 +135,39 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return find_checkpoint(run_dir)[0]
 
 
+def verify_on_all_ranks(path: Path) -> str | None:
+    """:func:`verify_checkpoint` with the checksums split over the ranks; every rank gets the same
+    answer (a collective under torch.distributed)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    reason = verify_checkpoint(path, share=(rank, world))
+    if world > 1:
+        reasons: list = [None] * world
+        dist.all_gather_object(reasons, reason)
+        reason = next((r for r in reasons if r is not None), None)
+    return reason
+
+
 def find_checkpoint(run_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest verified checkpoint of a run and the ``(path, reason)`` of each newer one skipped.
 
-    Rank 0 verifies and the other ranks receive its answer, so all ranks load the same step."""
-    found: list = [None, []]
+    All ranks take part (each checksums its share of the files) and reach the same answer."""
     if _rank() == 0:
         recover_replaced(run_dir)
-        for path in reversed(list_checkpoints(run_dir)):
-            reason = verify_checkpoint(path)
-            if reason is None:
-                found[0] = path
-                break
-            found[1].append((path, reason))
-    if dist.is_initialized():
-        dist.broadcast_object_list(found, src=0)
-    return found[0], found[1]
+    _barrier()
+    skipped = []
+    for path in reversed(list_checkpoints(run_dir)):
+        reason = verify_on_all_ranks(path)
+        if reason is None:
+            return path, skipped
+        skipped.append((path, reason))
+    return None, skipped
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = True) -> dict:
     """Restore model, optimizer and this rank's RNG; returns the trainer state (step, data, ...)."""
     path = Path(path)
     if verify:
-        reason = verify_checkpoint(path) if _rank() == 0 else None
-        if dist.is_initialized():
-            box = [reason]
-            dist.broadcast_object_list(box, src=0)
-            reason = box[0]
+        reason = verify_on_all_ranks(path)
         if reason is not None:
             raise CheckpointError(f"{path} cannot be used: {reason}")
     state_file = path / "trainer_state.json"

@@ -225,3 +225,15 @@ def test_two_rank_checkpoint_manifest_lists_both_ranks_files(tiny_model_dir, qa_
     files = json.loads((latest / MANIFEST).read_text())["files"]
     assert {"rng_rank0.pt", "rng_rank1.pt", ".metadata", "trainer_state.json"} <= set(files)
     assert len([n for n in files if n.endswith(".distcp")]) == 2 and verify_checkpoint(latest) is None
+
+
+def test_verification_split_over_ranks_finds_corruption_in_exactly_one_share(run):
+    run_dir, _ = run
+    path = _step(run_dir, 3)
+    names = sorted(json.loads((path / MANIFEST).read_text())["files"])
+    victim = _distcp(path).name
+    _flip(path / victim)
+    owner = names.index(victim) % 3
+    reasons = [verify_checkpoint(path, share=(r, 3)) for r in range(3)]
+    assert [r is not None for r in reasons] == [r == owner for r in range(3)]
+    assert "sha256" in reasons[owner]
