@@ -8,7 +8,7 @@ other workflows (and their retrieval) while the engine computes.
 
 - :class:`BatchingFront`, for engines with a synchronous ``generate`` (HF, scripted): each
   iteration takes every pending request, oldest first, up to ``max_batch_calls`` sampled
-  sequences (after a short wait for runs that are about to submit), runs one ``generate`` over
+  sequences (after a bounded wait for runs that are about to submit), runs one ``generate`` over
   them and resolves their futures; what is submitted meanwhile makes the next batch. On the HF
   engine a row samples the same tokens in any batch (per-row seeded streams,
   :mod:`mopd.rollout.sampling`), so batching does not change records.
@@ -43,6 +43,10 @@ class EngineFront(Protocol):
 
 GATHER_POLL_S = 0.002
 """How often a gathering front looks again at the runs it waits for."""
+GATHER_SHARE = 0.25
+"""Default wait for stragglers, as a share of the mean generate() call (see BatchingFront)."""
+GATHER_FIRST_S = 0.05
+"""Default wait before any call has been timed."""
 
 
 class FrontClosed(RuntimeError):
@@ -65,15 +69,17 @@ class BatchingFront:
     A ``generate`` call runs until its longest sequence ends, so on such an engine small batches
     waste it (each call pays its own tail). ``others()`` says how many runs are neither done nor
     waiting on the engine (they are between turns, or searching); while some are, the front waits
-    up to ``gather_s`` for their turns to join the batch. When every live run is waiting on the
-    engine, or the time is up, the batch goes: a run is never held for a straggler's long turn.
+    for their turns to join the batch, at most ``gather_s`` seconds (None: a quarter of the mean
+    duration of the calls so far, starting at 50 ms: waiting costs at most a quarter of the call
+    that a half-empty batch would waste). When every live run is waiting on the engine, or the
+    time is up, the batch goes: a run is never held for a straggler's long turn.
     """
 
     def __init__(self, engine, *, max_batch_calls: int = 256, others: Callable[[], int] = lambda: 0,
-                 gather_s: float = 0.05, name: str = "mopd-engine"):
+                 gather_s: Optional[float] = None, name: str = "mopd-engine"):
         if max_batch_calls < 1:
             raise ValueError(f"max_batch_calls={max_batch_calls} must be >= 1")
-        if gather_s < 0:
+        if gather_s is not None and gather_s < 0:
             raise ValueError(f"gather_s={gather_s} must be >= 0")
         self.engine = engine
         self.max_batch_calls = max_batch_calls
@@ -102,7 +108,7 @@ class BatchingFront:
             while True:
                 while not self._pending and not self._closed:
                     self._cv.wait()
-                deadline = time.perf_counter() + self.gather_s
+                deadline = time.perf_counter() + self._gather_s()
                 while not self._closed and self.others() > 0 and self._rows() < self.max_batch_calls:
                     left = deadline - time.perf_counter()
                     if left <= 0:
@@ -118,6 +124,12 @@ class BatchingFront:
                         rows += item[0].params.n
                 if batch:
                     return batch
+
+    def _gather_s(self) -> float:
+        if self.gather_s is not None:
+            return self.gather_s
+        m = self.meter
+        return GATHER_SHARE * m.busy_s / m.units if m.units else GATHER_FIRST_S
 
     def _rows(self) -> int:
         return sum(r.params.n for r, _, _ in self._pending)

@@ -10,7 +10,7 @@ import pytest
 
 from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 from mopd.core.records import AgentCall, WorkflowRecord
-from mopd.rollout.async_engine import BatchingFront, FrontClosed, engine_front
+from mopd.rollout.async_engine import GATHER_FIRST_S, GATHER_SHARE, BatchingFront, FrontClosed, engine_front
 from mopd.rollout.async_retrieval import RetrievalFront
 from mopd.rollout.rollout_stats import BusyMeter, RolloutStats
 from mopd.rollout.vllm_async_engine import VLLMStepFront
@@ -92,6 +92,14 @@ def test_batching_front_waits_for_runs_about_to_submit_but_not_forever():
         assert engine.batches[-1] == [3]
     finally:
         front.close()
+    adaptive = BatchingFront(engine)  # default: a quarter of the mean call so far
+    try:
+        assert adaptive._gather_s() == GATHER_FIRST_S
+        adaptive.meter.work(3.0, 8)
+        adaptive.meter.work(1.0, 2)
+        assert adaptive._gather_s() == pytest.approx(GATHER_SHARE * 2.0)
+    finally:
+        adaptive.close()
 
 
 class FakeStepEngine:
