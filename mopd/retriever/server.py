@@ -41,6 +41,7 @@ class ServerLimits:
     default_topk: int = 3
     """topk when a request gives none."""
     max_topk: int = 100
+    """Largest topk a request may ask for."""
     max_queries: int = 1024
     """Queries in one request."""
     max_results: int = 8192
@@ -49,6 +50,7 @@ class ServerLimits:
     """Characters of one query. Encoders read at most 256 (MiniLM) or 512 (E5) tokens, so a longer
     query only costs tokenizer time (a 3 MB query took 6 s before this limit)."""
     max_body_bytes: int = 4 << 20
+    """Largest request body (413 beyond it, before any parsing)."""
 
     def __post_init__(self):
         for name in ("default_topk", "max_topk", "max_queries", "max_results", "max_query_chars", "max_body_bytes"):
