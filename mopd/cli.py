@@ -48,6 +48,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    if getattr(args, "pin_cpu", False):
+        # Before any handler imports torch: MKL and torch read these when they load
+        # (mopd.core.reproducible says what each one pins).
+        from mopd.core.reproducible import pin_cpu_environment
+
+        pin_cpu_environment()
     from mopd.config import ConfigError
     from mopd.core.errors import UserError
     from mopd.core.qa import DataError

@@ -69,23 +69,87 @@ def _register_demo(sub) -> None:
     p.add_argument("--bm25", action="store_true", help="retrieve with BM25 instead of MiniLM + flat FAISS")
     p.add_argument("--quick", action="store_true",
                    help="a shortened smoke run (few steps, few questions): checks the pipeline, not the method")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="N",
+                   help="run the demo on each seed (OUT/seedN, finished stages reused; OUT defaults to "
+                        "runs/demo_seeds) and write OUT/summary.md: per claim, on how many seeds it holds "
+                        "and the pooled effect (bootstrap over seeds and questions)")
+    p.add_argument("--world", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="world settings, e.g. test_per_dataset=100 bands=400 (see mopd.data.tinyworld.WorldSettings)")
+    p.add_argument("--stage2-questions", type=int, default=None,
+                   help="Stage II questions per step (default: the tiny_mopd preset's)")
+    p.add_argument("--eval-split", default="test", choices=["test", "dev"],
+                   help="evaluate on test (the final numbers) or dev (for every tuning choice; "
+                        "written to report_dev/) (default test)")
+    p.add_argument("--pi0-check-attempts", type=int, default=d.pi0_check_attempts,
+                   help=f"workflows per dev question of the pi_0 check, 0 to skip it (default {d.pi0_check_attempts})")
+    p.add_argument("--weak-pi0-em", type=float, default=d.weak_pi0_em,
+                   help=f"flag pi_0 as weak below this dev EM (default {d.weak_pi0_em})")
     p.add_argument("overrides", nargs="*", help="config overrides for every training stage, e.g. trainer.lr=5e-4")
-    p.set_defaults(func=_demo)
+    p.set_defaults(func=_demo, pin_cpu=True)
+    _register_demo_docs(sub)
 
 
 def _demo(args) -> int:
-    from mopd.demo import DemoSettings, run_demo
+    from mopd.core.errors import UserError
+    from mopd.demo import DemoSettings, run_demo, run_seeds
 
-    s = DemoSettings(out=args.out, seed=args.seed, pi0_steps=args.pi0_steps, stage1_steps=args.stage1_steps,
-                     stage2_steps=args.stage2_steps, test_questions=args.test_questions, attempts=args.attempts,
-                     bootstrap_draws=args.draws, with_ablations=args.with_ablations,
-                     index_kind="bm25" if args.bm25 else "flat", overrides=list(args.overrides))
+    out = args.out
+    if args.seeds is not None and out == "runs/demo":
+        out = "runs/demo_seeds"
+    try:
+        s = DemoSettings(out=out, seed=args.seed, pi0_steps=args.pi0_steps, stage1_steps=args.stage1_steps,
+                         stage2_steps=args.stage2_steps, test_questions=args.test_questions, attempts=args.attempts,
+                         bootstrap_draws=args.draws, with_ablations=args.with_ablations,
+                         index_kind="bm25" if args.bm25 else "flat", overrides=list(args.overrides),
+                         quick=args.quick, world=list(args.world), stage2_questions_per_step=args.stage2_questions,
+                         eval_split=args.eval_split, pi0_check_attempts=args.pi0_check_attempts,
+                         weak_pi0_em=args.weak_pi0_em)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.quick:
-        s.quick = True
         s.stage1_steps, s.stage2_steps = 2, 2
         s.test_questions = args.test_questions or 4
         s.attempts = min(args.attempts, 2)
         s.bootstrap_draws = 200
+        s.pi0_check_attempts = min(s.pi0_check_attempts, 1)
+    if args.seeds is not None:
+        print(f"summary: {run_seeds(s, list(args.seeds))}")
+        return 0
     report = run_demo(s)
     print(f"report: {report}")
+    return 0
+
+
+def _register_demo_docs(sub) -> None:
+    p = sub.add_parser("demo-docs", help="publish demo runs into docs/ and render README.md's demo tables from them",
+                       description="`publish` copies a finished demo run (or a --seeds run) into a docs folder; "
+                                   "`readme` rewrites the README's demo tables (between <!-- demo-tables:NAME --> "
+                                   "markers) from the committed reports, so no number is typed by hand.")
+    dsub = p.add_subparsers(dest="docs_command", metavar="ACTION")
+    pub = dsub.add_parser("publish", help="copy a demo run's reports into a docs folder")
+    pub.add_argument("run", help="run directory of `mopd demo` (or of `mopd demo --seeds`)")
+    pub.add_argument("dest", help="docs folder, e.g. docs/demo or docs/demo_seeds (replaced)")
+    pub.set_defaults(func=_docs_publish)
+    rd = dsub.add_parser("readme", help="render README.md's demo tables from docs/")
+    rd.add_argument("--readme", default="README.md")
+    rd.add_argument("--docs", default="docs")
+    rd.add_argument("--check", action="store_true", help="only compare: exit 1 when README.md is out of date")
+    rd.set_defaults(func=_docs_readme)
+
+
+def _docs_publish(args) -> int:
+    from mopd.demo_tables import publish
+
+    print(f"published {publish(args.run, args.dest)}")
+    return 0
+
+
+def _docs_readme(args) -> int:
+    from mopd.demo_tables import update_readme
+
+    changed = update_readme(args.readme, args.docs, check=args.check)
+    if args.check:
+        print("README.md demo tables are " + ("OUT OF DATE: " + ", ".join(changed) if changed else "up to date"))
+        return 1 if changed else 0
+    print("updated: " + (", ".join(changed) if changed else "nothing (already up to date)"))
     return 0

@@ -80,32 +80,12 @@ QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "roll
                    "trainer.val_every=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
 
 
-QUICK_WORLD = {"bands": 24, "companies": 8, "towns": 8, "rivers": 4, "twins": 2, "distractors": 20,
-               "test_per_dataset": 4, "dev_per_dataset": 2}
-"""The world of a quick run."""
-
-
 def world_settings(s: "DemoSettings"):
-    """The :class:`mopd.data.tinyworld.WorldSettings` of a demo: the default (or quick) world, the
-    seed and index kind, then ``s.world``'s KEY=VALUE entries."""
-    import dataclasses
+    """The :class:`mopd.data.tinyworld.WorldSettings` of a demo: the default (or quick) world with
+    the demo's seed and index kind, then ``s.world``'s KEY=VALUE entries."""
+    from mopd.data.tinyworld import parse_world_settings
 
-    from mopd.data.tinyworld import WorldSettings
-
-    base = dict(QUICK_WORLD) if s.quick else {}
-    fields = {f.name: f for f in dataclasses.fields(WorldSettings)}
-    for item in s.world:
-        key, sep, value = item.partition("=")
-        if not sep or key not in fields or key == "seed":
-            raise ValueError(f"world setting {item!r}: expected KEY=VALUE with KEY one of "
-                             f"{sorted(k for k in fields if k != 'seed')}")
-        kind = type(getattr(WorldSettings(), key))
-        try:
-            base[key] = kind(value)
-        except ValueError:
-            raise ValueError(f"world setting {item!r}: {value!r} is not a {kind.__name__}") from None
-    base.setdefault("index_kind", s.index_kind)
-    return WorldSettings(seed=s.seed, **base)
+    return parse_world_settings(s.world, seed=s.seed, index_kind=s.index_kind, quick=s.quick)
 
 
 def _log(msg: str) -> None:
@@ -174,8 +154,11 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
     if s.quick:
         for key, value in QUICK_WORKFLOW.items():
             setattr(cfg.rollout, key, value)
+    from mopd.core.reproducible import deterministic_torch
+
     _log(f"eval {name}: {len(questions)} questions x {s.attempts} attempts ({workflow})")
     t0 = time.perf_counter()
+    deterministic_torch(1)
     plan = EvalPlan(out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=s.attempts, method=name)
     path = evaluate(model_dir, None, retriever, questions, plan, cfg)
     _log(f"eval {name}: {time.perf_counter() - t0:.0f}s")
@@ -199,8 +182,21 @@ def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) ->
         k = summary["metric_names"]["avg"]
         row = summary["accuracy"]["strict"][base]["macro"][k]
         out.append({"trained": trained, "base": base, "metric": k, "diff": row["diff_vs_reference"],
-                    "ci": list(row["diff_ci"]), "holds": bool(row["diff_ci"][0] > 0)})
+                    "ci": list(row["diff_ci"]), "holds": bool(row["diff_ci"][0] > 0),
+                    "questions": claim_questions(pair)})
     return out
+
+
+def claim_questions(pair) -> List[dict]:
+    """Per question (dataset, id): strict avg@K of the base (first) and the trained (second) system,
+    so a multi-seed summary can bootstrap seeds and questions from the committed claims alone."""
+    from mopd.eval.alignment import align_runs
+    from mopd.eval.metrics import outcomes, question_metrics
+
+    runs = align_runs(pair)
+    avg = question_metrics(outcomes(runs).strict)["avg"]  # [2, Q]
+    return [{"dataset": d, "id": q, "base": float(avg[0, i]), "trained": float(avg[1, i])}
+            for i, (d, q) in enumerate(runs.questions)]
 
 
 def spread_over_datasets(questions, n: int):
@@ -218,30 +214,31 @@ def spread_over_datasets(questions, n: int):
 
 
 def run_demo(s: DemoSettings) -> Path:
-    """Run every stage (reusing finished ones); returns the report's path."""
+    """Run every stage (reusing finished ones); returns the report's path.
+
+    Nothing before the final evaluation reads the evaluation split: pi_0 trains on the training
+    split, its check and both stages' validation curves use the dev split."""
     from mopd.config import RetrieverConfig
+    from mopd.core.reproducible import deterministic_torch, environment_record
     from mopd.data.tinyworld import build_world, load_split
     from mopd.data.warmstart import build_pi0
     from mopd.eval.report import ReportOptions, report_runs
     from mopd.retriever import load_retriever
+    from mopd.retriever.memo import QueryMemo
 
     root = Path(s.out)
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo_settings.json").write_text(json.dumps(asdict(s), indent=2))
+    deterministic_torch(1)
+    (root / "environment.json").write_text(json.dumps(environment_record(), indent=2))
     t_start = time.perf_counter()
     times: Dict[str, float] = {}
 
     t = time.perf_counter()
     _log(f"world + {s.index_kind} index -> {root / 'world'}")
-    if s.quick:
-        from mopd.data.tinyworld import WorldSettings
-
-        small = WorldSettings(seed=s.seed, bands=24, companies=8, towns=8, rivers=4, twins=2, distractors=20,
-                              test_per_dataset=4, dev_per_dataset=2, index_kind=s.index_kind)
-        world = build_world(root / "world", settings=small)
-    else:
-        world = build_world(root / "world", seed=s.seed, index_kind=s.index_kind)
-    retriever = load_retriever(RetrieverConfig(kind="inprocess", index=str(world.index)))
+    world = build_world(root / "world", settings=world_settings(s))
+    # every query searched alone (and remembered): its passages never depend on its batch
+    retriever = QueryMemo(load_retriever(RetrieverConfig(kind="inprocess", index=str(world.index))))
     times["world"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -250,8 +247,15 @@ def run_demo(s: DemoSettings) -> Path:
     kw["threads"] = 1   # small ops: one thread is faster, and robust on a shared machine
     if s.quick:
         kw.update(steps=s.pi0_steps or 3, max_questions=8, attempts=1, episodes_per_step=4)
+    deterministic_torch(1)
     pi0 = str(build_pi0(world.root, root / "pi0", seed=s.seed, **kw))
     times["pi0"] = time.perf_counter() - t
+
+    check = None
+    if s.pi0_check_attempts:
+        t = time.perf_counter()
+        check = check_pi0(pi0, world, s, root / "pi0_check.json")
+        times["pi0_check"] = time.perf_counter() - t
 
     t = time.perf_counter()
     cfg1 = _stage_config("tiny_cmas_rl", s, world, pi0, root / "stage1", s.stage1_steps)
@@ -278,28 +282,136 @@ def run_demo(s: DemoSettings) -> Path:
         labels.append("Ablation (outcome Searcher)")
         times["ablation"] = time.perf_counter() - t
 
+    # The evaluation split is read here, after every model is final.
     t = time.perf_counter()
-    questions = load_split(world, "test")
+    dev = s.eval_split == "dev"
+    questions = load_split(world, s.eval_split)
     if s.test_questions is not None:
         questions = spread_over_datasets(questions, s.test_questions)
     runs = []
     for name, model_dir, workflow in systems:
         slug = name.lower().replace(" ", "_").replace("+", "plus").replace("-", "_")
-        out = root / "eval" / slug
+        out = root / ("eval_dev" if dev else "eval") / slug
         _evaluate(name, model_dir, workflow, questions, retriever, s, out)
         runs.append(out)
     times["eval"] = time.perf_counter() - t
 
     names = [n for n, _, _ in systems]
-    report = report_runs(runs, root / "report", ReportOptions(
+    report_dir = root / ("report_dev" if dev else "report")
+    title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if dev else "")
+    report = report_runs(runs, report_dir, ReportOptions(
         names=names, reference="MultiAgent-OPD", draws=s.bootstrap_draws, seed=DEFAULT_SEED, validation_logs=logs,
-        validation_labels=labels, title="MultiAgent-OPD on the built-in tiny world"))
+        validation_labels=labels, title=title))
     claims = check_claims(dict(zip(names, runs)), draws=s.bootstrap_draws)
-    (root / "report" / "claims.json").write_text(json.dumps(claims, indent=2))
+    (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
         _log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
              f"[{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}] -> {'holds' if c['holds'] else 'NOT shown'}")
+    if check is not None:
+        (report_dir / "pi0_check.json").write_text(json.dumps(check, indent=2))
+        with report.open("a", encoding="utf-8") as f:
+            f.write("\n" + pi0_check_markdown(check))
+        if check["weak"]:
+            _log("WARNING: " + check["verdict"])
     times["total"] = time.perf_counter() - t_start
     (root / "timings.json").write_text(json.dumps({k: round(v, 1) for k, v in times.items()}, indent=2))
     _log(f"finished in {times['total'] / 60:.1f} min; report: {report}")
     return report
+
+
+def check_pi0(pi0: str, world, s: DemoSettings, path: Path) -> dict:
+    """pi_0's format validity and strict EM on the dev split, both workflows, ``s.pi0_check_attempts``
+    workflows per question at the evaluation temperature; flagged weak below the thresholds."""
+    from mopd.data.policy_check import check_pi0_cached
+
+    attempts = min(s.pi0_check_attempts, 1) if s.quick else s.pi0_check_attempts
+    return check_pi0_cached(pi0, world.root, path, attempts=attempts, seed=s.seed,
+                            min_em=s.weak_pi0_em, min_valid=s.weak_pi0_valid, log=_log)
+
+
+def pi0_check_markdown(check: dict) -> str:
+    rows = ["## Warm start (pi_0) on the dev split", "",
+            f"{check['attempts']} workflows per dev question, T=0.6. {check['verdict']}", "",
+            "| workflow | strict EM | Answerer outputs valid | invalid calls | searches |",
+            "| :--- | ---: | ---: | ---: | ---: |"]
+    for wf, r in check["workflows"].items():
+        rows.append(f"| {wf} | {r['em']:.3f} | {r['answer_valid']:.3f} | {r['invalid_calls']:.3f} | "
+                    f"{r['searches']:.2f} |")
+    return "\n".join(rows) + "\n"
+
+
+def run_seeds(s: DemoSettings, seeds: List[int]) -> Path:
+    """The demo on each of ``seeds`` (``s.out``/seed{N}, finished stages reused), then the
+    multi-seed summary (``s.out``/summary.json and summary.md); returns the summary's path."""
+    import dataclasses
+
+    root = Path(s.out)
+    for n in seeds:
+        _log(f"seed {n}: {root / f'seed{n}'}")
+        run_demo(dataclasses.replace(s, seed=n, out=str(root / f"seed{n}")))
+    return write_seed_summary(root, seeds, draws=s.bootstrap_draws, split=s.eval_split)
+
+
+def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "test") -> Path:
+    """summary.json and summary.md of finished seed runs under ``root``: per claim, on how many
+    seeds it holds and the pooled effect with a bootstrap over seeds and questions."""
+    from mopd.eval.seeds import summarize_seeds
+
+    root = Path(root)
+    report = "report_dev" if split == "dev" else "report"
+    per_seed = {}
+    for n in seeds:
+        d = root / f"seed{n}"
+        entry = {"claims": json.loads((d / report / "claims.json").read_text())}
+        for name, rel in (("timings", "timings.json"), ("pi0_check", f"{report}/pi0_check.json")):
+            if (d / rel).is_file():
+                entry[name] = json.loads((d / rel).read_text())
+        per_seed[n] = entry
+    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED)
+    summary["split"] = split
+    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path = root / "summary.md"
+    path.write_text(seed_summary_markdown(summary), encoding="utf-8")
+    for c in summary["claims"]:
+        _log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
+             f"{100 * c['diff']:+.2f} [{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}]")
+    return path
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.2f}"
+
+
+def seed_summary_markdown(summary: dict) -> str:
+    """The multi-seed tables: per seed, then per claim pooled (both rendered into README.md)."""
+    lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
+             seed_table(summary), "", pooled_table(summary), "",
+             f"Pooled: the mean over seeds of each seed's macro avg@4 difference; interval: "
+             f"{summary['draws']:,} draws resampling seeds, then each drawn seed's questions within each "
+             "dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when that seed's "
+             "question-bootstrap interval lies above 0."]
+    return "\n".join(lines) + "\n"
+
+
+def seed_table(summary: dict) -> str:
+    head = ["seed"] + [f"{c['trained']} minus {c['base']}" for c in summary["claims"]] + ["pi_0 dev EM", "demo time"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, e in summary["per_seed"].items():
+        cells = [str(n)]
+        for c in e["claims"]:
+            cells.append(f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
+                         + ("" if c["holds"] else " (not shown)"))
+        chk = e.get("pi0_check")
+        cells.append("n/a" if chk is None else f"{chk['em']:.3f}" + (" (weak)" if chk["weak"] else ""))
+        tot = e.get("timings", {}).get("total")
+        cells.append("n/a" if tot is None else f"{tot / 60:.1f} min")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def pooled_table(summary: dict) -> str:
+    rows = ["| claim | holds on | pooled avg@4 difference |", "|---|---|---|"]
+    for c in summary["claims"]:
+        rows.append(f"| {c['trained']} minus {c['base']} | {c['held']} of {c['seeds']} seeds | "
+                    f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}] |")
+    return "\n".join(rows)

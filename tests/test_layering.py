@@ -22,7 +22,7 @@ ALLOWED = {
     "data": {"config", "core", "retriever", "rollout", "algo", "eval"},
     "train": {"config", "core", "kernels", "retriever", "rollout", "algo", "eval", "data"},
 }
-TOP = {"cli", "commands", "demo", "__main__", "__init__"}
+TOP = {"cli", "commands", "demo", "demo_tables", "__main__", "__init__"}
 
 
 def _package_of(path: Path, root: Path) -> str:

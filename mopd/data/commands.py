@@ -100,17 +100,36 @@ def _register_world(sub) -> None:
     w.add_argument("--out", required=True, help="output model directory")
     w.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the recipe's)")
     w.add_argument("--seed", type=int, default=0, help="seed of the model, the demonstrations and the training")
-    w.add_argument("--check", action="store_true", help="afterwards, measure format validity and EM on the test split")
+    w.add_argument("--check", action="store_true", help="afterwards, measure format validity and EM on the dev split")
     w.set_defaults(func=_pi0)
 
     c = wsub.add_parser("check", help="format validity and strict EM of a policy on a split, per workflow")
     c.add_argument("--model", required=True, help="model directory")
     c.add_argument("--world", required=True, help="world directory")
-    c.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    c.add_argument("--split", default="dev", choices=["train", "dev", "test"],
+                   help="default dev: choices are made on dev, the test split is looked at once")
     c.add_argument("--workflow", nargs="+", default=["cmas", "hmas"], choices=["cmas", "hmas"])
     c.add_argument("--temperature", type=float, default=0.6)
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_check)
+
+    pc = wsub.add_parser("pi0-check", help="pi_0's format validity and dev EM on several seeds (is the warm start "
+                                           "reliable?)",
+                         description="For each seed: build (or reuse) the world and pi_0 exactly as `mopd demo` does, "
+                                     "in OUT/seedN/world and OUT/seedN/pi0 (so `mopd demo --seeds ... --out OUT` "
+                                     "reuses them), check pi_0 on the dev split in both workflows and flag it weak "
+                                     "below the thresholds; writes OUT/pi0_check.json and prints a table.")
+    pc.add_argument("--seeds", type=int, nargs="+", required=True, metavar="N")
+    pc.add_argument("--out", default="runs/demo_seeds", help="root of the seed directories (default runs/demo_seeds)")
+    pc.add_argument("--attempts", type=int, default=4, help="workflows per dev question (default 4, as the demo)")
+    pc.add_argument("--world-setting", dest="world", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="world settings, as `mopd demo --world`")
+    pc.add_argument("--pi0-steps", type=int, default=None, help="SFT steps of pi_0 (default: the recipe's)")
+    pc.add_argument("--weak-pi0-em", type=float, default=0.15, help="weak below this dev EM (default 0.15, as the demo)")
+    pc.add_argument("--bm25", action="store_true", help="BM25 index instead of MiniLM + flat FAISS")
+    pc.set_defaults(func=_pi0_check)
+    for action in (b, w, c, pc):
+        action.set_defaults(pin_cpu=True)   # reproducible CPU environment (mopd.core.reproducible)
 
 
 def _world_dir(path: str):
@@ -152,7 +171,7 @@ def _pi0(args) -> int:
     print(f"pi0 {out}: {info['parameters']} parameters, final loss {info['losses'][-1]:.3f}, "
           f"SFT {sec['sft']}s (total {sec['total']}s)")
     if args.check:
-        _print_check(out, world, "test", ["cmas", "hmas"], 0.6, args.seed)
+        _print_check(out, world, "dev", ["cmas", "hmas"], 0.6, args.seed)
     return 0
 
 
@@ -176,6 +195,35 @@ def _print_check(model, world, split, workflows, temperature, seed) -> None:
         print(f"{wf}: EM {r['em']:.3f} ({per})  answer valid {r['answer_valid']:.3f}  "
               f"invalid calls {r['invalid_calls']:.3f}  searches {r['searches']:.2f}")
     print(json.dumps(result))
+
+
+def _pi0_check(args) -> int:
+    import sys
+    import time
+
+    from mopd.core.errors import UserError
+    from mopd.data.policy_check import check_seeds
+
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+
+    def log(msg):
+        print(f"[pi0-check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        rows = check_seeds(args.out, args.seeds, world_items=args.world, index_kind="bm25" if args.bm25 else "flat",
+                           pi0_steps=args.pi0_steps, attempts=args.attempts, min_em=args.weak_pi0_em, log=log)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print("| seed | C-MAS EM | H-MAS EM | Answerer valid | weak |")
+    print("|---|---|---|---|---|")
+    for n, r in rows.items():
+        wf = r["workflows"]
+        print(f"| {n} | {wf['cmas']['em']:.3f} | {wf['hmas']['em']:.3f} | {r['valid']:.3f} | "
+              f"{'WEAK' if r['weak'] else 'no'} |")
+    weak = sum(r["weak"] for r in rows.values())
+    print(f"{weak} of {len(rows)} seeds weak (dev EM < {args.weak_pi0_em}); table in {args.out}/pi0_check.json")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,3 +60,91 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
                                 method="pi0-check", progress=progress)
         out[wf] = summarize(records)
     return out
+
+
+def assess_pi0(result: Dict[str, dict], *, min_em: float, min_valid: float) -> Dict[str, object]:
+    """Is a warm start strong enough for RL to have something to reinforce? ``result`` is
+    :func:`check_policy`'s. pi_0 is weak when its EM (mean over the workflows) is below ``min_em``
+    or any workflow's Answerer outputs are valid less often than ``min_valid``: with few correct
+    rollouts per group, outcome RL and the Stage-I teacher have almost no signal."""
+    if not result:
+        raise ValueError("no workflow was checked")
+    em = sum(r["em"] for r in result.values()) / len(result)
+    valid = min(r["answer_valid"] for r in result.values())
+    reasons = []
+    if em < min_em:
+        reasons.append(f"dev EM {em:.3f} < {min_em}")
+    if valid < min_valid:
+        reasons.append(f"Answerer outputs valid {valid:.3f} < {min_valid}")
+    per = ", ".join(f"{wf} EM {r['em']:.3f}" for wf, r in result.items())
+    if reasons:
+        verdict = (f"pi_0 is WEAK ({'; '.join(reasons)}; {per}): with so few correct rollouts neither stage is "
+                   "likely to learn in the demo's steps, so the claims of this run say little about the method.")
+    else:
+        verdict = f"pi_0 is usable (dev EM {em:.3f} >= {min_em}, Answerer outputs valid {valid:.3f}; {per})."
+    return {"em": em, "valid": valid, "weak": bool(reasons), "reasons": reasons, "verdict": verdict,
+            "thresholds": {"em": min_em, "valid": min_valid}}
+
+
+def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: float, min_valid: float,
+                     log=None) -> dict:
+    """:func:`check_policy` of pi_0 on the dev split (both workflows, ``attempts`` per question, T=0.6)
+    with :func:`assess_pi0`'s verdict, written to ``path`` and reused from it when it was measured on
+    the same pi_0 with the same settings."""
+    import json
+    from pathlib import Path
+
+    from mopd.core.reproducible import deterministic_torch
+    from mopd.data.warmstart import read_pi0
+
+    path = Path(path)
+    key = {"pi0": read_pi0(pi0)["settings"], "attempts": attempts, "seed": seed, "weak_em": min_em,
+           "weak_valid": min_valid}
+    if path.is_file():
+        done = json.loads(path.read_text())
+        if done.get("key") == key:
+            return done
+    if log:
+        log(f"pi_0 check: dev split, {attempts} workflows per question, C-MAS and H-MAS")
+    deterministic_torch(1)
+    result = check_policy(pi0, world_dir, split="dev", temperature=0.6, seed=seed, attempts=attempts)
+    out = {"key": key, "split": "dev", "attempts": attempts, "workflows": result,
+           **assess_pi0(result, min_em=min_em, min_valid=min_valid)}
+    if log:
+        log(out["verdict"])
+    path.write_text(json.dumps(out, indent=2))
+    return out
+
+
+def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), index_kind: str = "flat",
+                pi0_steps=None, attempts: int = 4, min_em: float = 0.15, min_valid: float = 0.9,
+                log=None) -> Dict[int, dict]:
+    """For each seed, the world and pi_0 as ``mopd demo --seeds`` builds them (ROOT/seedN/world,
+    ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
+    writes ROOT/pi0_check.json with every seed's verdict."""
+    import json
+    from pathlib import Path
+
+    from mopd.core.reproducible import deterministic_torch
+    from mopd.data.tinyworld import build_world, parse_world_settings
+    from mopd.data.warmstart import build_pi0
+
+    root = Path(root)
+    out: Dict[int, dict] = {}
+    for n in seeds:
+        d = root / f"seed{n}"
+        if log:
+            log(f"seed {n}: world and pi_0 in {d}")
+        world = build_world(d / "world", settings=parse_world_settings(world_items, seed=n, index_kind=index_kind))
+        deterministic_torch(1)
+        kw = {"steps": pi0_steps} if pi0_steps is not None else {}
+        pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, **kw)
+        out[n] = check_pi0_cached(pi0, world.root, d / "pi0_check.json", attempts=attempts, seed=n,
+                                  min_em=min_em, min_valid=min_valid, log=log)
+    root.mkdir(parents=True, exist_ok=True)
+    summary = {str(n): {k: r[k] for k in ("em", "valid", "weak", "reasons", "thresholds")}
+               | {"workflows": {wf: {"em": w["em"], "answer_valid": w["answer_valid"],
+                                     "invalid_calls": w["invalid_calls"]} for wf, w in r["workflows"].items()}}
+               for n, r in out.items()}
+    (root / "pi0_check.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return out

@@ -28,7 +28,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from mopd.core.qa import QAExample, load_flashrag, write_questions
 from mopd.data.markers import read_marker
@@ -80,6 +80,32 @@ class WorldSettings:
     def sizes(self) -> WorldSizes:
         return WorldSizes(bands=self.bands, companies=self.companies, towns=self.towns, rivers=self.rivers,
                           twins=self.twins)
+
+
+QUICK_WORLD = {"bands": 24, "companies": 8, "towns": 8, "rivers": 4, "twins": 2, "distractors": 20,
+               "test_per_dataset": 4, "dev_per_dataset": 2}
+"""The world of a quick (smoke) demo run."""
+
+
+def parse_world_settings(items: Sequence[str] = (), *, seed: int = 0, index_kind: str = "flat",
+                         quick: bool = False) -> WorldSettings:
+    """The default world (or the quick one) with ``seed`` and ``index_kind``, then ``items``'
+    KEY=VALUE entries (any field but seed, typed like its default)."""
+    import dataclasses
+
+    base: Dict[str, object] = dict(QUICK_WORLD) if quick else {}
+    base["index_kind"] = index_kind
+    names = {f.name for f in dataclasses.fields(WorldSettings)} - {"seed"}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in names:
+            raise ValueError(f"world setting {item!r}: expected KEY=VALUE with KEY one of {sorted(names)}")
+        kind = type(getattr(WorldSettings(), key))
+        try:
+            base[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"world setting {item!r}: {value!r} is not a {kind.__name__}") from None
+    return WorldSettings(seed=seed, **base)
 
 
 def _write_json(path: Path, obj) -> None:

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mopd.data.markers import read_marker
 from mopd.data.sft import train_sft
+from mopd.retriever.memo import QueryMemo
 
 PI0_FILE = "pi0.json"
 PI0_FORMAT = 1
@@ -103,20 +104,10 @@ def build_practice_worlds(base_dir, seed: int, n: int) -> list:
             for ps in practice_world_seeds(seed, n)]
 
 
-class CachedRetriever:
+class CachedRetriever(QueryMemo):
     """Memoises a retriever's results per (query, k): scripted demos repeat the same few query
-    wordings many times, and a dense query costs an encoder pass."""
-
-    def __init__(self, retriever):
-        self.retriever = retriever
-        self.cache: Dict[Tuple[str, int], list] = {}
-
-    def search(self, queries: List[str], k: int):
-        todo = list(dict.fromkeys(q for q in queries if (q, k) not in self.cache))
-        if todo:
-            for q, r in zip(todo, self.retriever.search(todo, k), strict=True):
-                self.cache[(q, k)] = r
-        return [self.cache[(q, k)] for q in queries]
+    wordings many times, and a dense query costs an encoder pass. Each new query is searched
+    alone, so its passages do not depend on the queries searched with it (bit-reproducible)."""
 
 
 @functools.lru_cache(maxsize=None)

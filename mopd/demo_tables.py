@@ -1,0 +1,186 @@
+"""The README's demo numbers, rendered from the committed reports under docs/ (never typed by hand).
+
+``publish(run, dest)`` copies a finished ``mopd demo`` run (or a ``mopd demo --seeds`` run) into a
+docs folder; ``update_readme`` rewrites every block of README.md between
+``<!-- demo-tables:NAME -->`` and ``<!-- /demo-tables:NAME -->`` from those folders:
+
+- ``seed0-systems``: avg@4 / pass@4 / 4/4 of the four systems (docs/demo/report.md's main table);
+- ``seed0-claims``: the two claims with their intervals (docs/demo/claims.json);
+- ``seed0-timings``: the stage timings of that run (docs/demo/timings.json);
+- ``seeds``: the multi-seed tables (docs/demo_seeds/summary.json, per seed and pooled), or, while
+  no multi-seed run is published, one row per single-seed folder docs/demo_seedN/.
+
+``python -m mopd.demo_tables [--check]`` is the same as ``mopd demo-docs readme [--check]``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+LABELS = {"C-MAS base": "C-MAS base (pi_0)", "C-MAS + RL": "C-MAS + RL (Stage I)",
+          "H-MAS base": "H-MAS base (pi_0)", "MultiAgent-OPD": "MultiAgent-OPD (Stage II)"}
+"""How the README names each system of the report."""
+
+RUN_FILES = ("timings.json", "demo_settings.json", "environment.json")
+REPORT_FILES = ("report.md", "metrics.json", "claims.json", "pi0_check.json")
+MARKER = re.compile(r"(<!-- demo-tables:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /demo-tables:(?P=name) -->)", re.S)
+
+
+def publish(run, dest) -> Path:
+    """Copy the reports of ``run`` into ``dest`` (replaced). A multi-seed run (with summary.json)
+    publishes its summary and every seed's reports under dest/seedN/."""
+    run, dest = Path(run), Path(dest)
+    if (run / "summary.json").is_file():
+        summary = json.loads((run / "summary.json").read_text())
+        _fresh(dest)
+        for name in ("summary.json", "summary.md"):
+            shutil.copy2(run / name, dest / name)
+        for n in summary["seeds"]:
+            _publish_one(run / f"seed{n}", dest / f"seed{n}")
+        return dest
+    _fresh(dest)
+    _publish_one(run, dest)
+    return dest
+
+
+def _fresh(dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+
+
+def _publish_one(run: Path, dest: Path) -> None:
+    report = run / "report" if (run / "report").is_dir() else run / "report_dev"
+    if not (report / "report.md").is_file():
+        raise FileNotFoundError(f"{run} holds no finished demo report")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        if (run / name).is_file():
+            shutil.copy2(run / name, dest / name)
+    for name in REPORT_FILES:
+        if (report / name).is_file():
+            shutil.copy2(report / name, dest / name)
+    for png in sorted(report.glob("*.png")):
+        shutil.copy2(png, dest / png.name)
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.2f}"
+
+
+def _interval(c: dict) -> str:
+    return f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
+
+
+def main_table_rows(report_md: str) -> list[list[str]]:
+    """The rows (cells) of the "Main results" table of a report.md."""
+    part = report_md.split("## Main results", 1)[1]
+    rows = []
+    for line in part.splitlines()[1:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ("System",) or set(cells[0]) <= set(":- "):
+            continue
+        rows.append(cells)
+    return rows
+
+
+def render_seed0_systems(docs: Path) -> str:
+    rows = main_table_rows((docs / "demo" / "report.md").read_text(encoding="utf-8"))
+    out = ["| System | avg@4 | pass@4 | 4/4 |", "|---|---|---|---|"]
+    out += ["| " + " | ".join([LABELS.get(r[0], r[0])] + r[1:4]) + " |" for r in rows if r[0] in LABELS]
+    return "\n".join(out)
+
+
+def render_seed0_claims(docs: Path) -> str:
+    claims = json.loads((docs / "demo" / "claims.json").read_text())
+    out = ["| claim (avg@4, trained minus base) | difference [95% interval] | holds |", "|---|---|---|"]
+    out += [f"| {c['trained']} minus {c['base']} | **{_interval(c)}** | {'yes' if c['holds'] else 'no'} |"
+            for c in claims]
+    return "\n".join(out)
+
+
+_STAGES = (("world", "world and index"), ("pi0", "pi_0"), ("pi0_check", "pi_0 dev check"),
+           ("stage1", "Stage I"), ("stage2", "Stage II"), ("ablation", "ablation"), ("eval", "evaluation"))
+
+
+def render_seed0_timings(docs: Path) -> str:
+    t = json.loads((docs / "demo" / "timings.json").read_text())
+    parts = [f"{label} {t[key]:.0f} s" for key, label in _STAGES if key in t]
+    return f"Demo stages of this run: {', '.join(parts)}; {t['total'] / 60:.1f} min in all."
+
+
+def render_seeds(docs: Path) -> str:
+    from mopd.demo import pooled_table, seed_table
+
+    summary_path = docs / "demo_seeds" / "summary.json"
+    if summary_path.is_file():
+        summary = json.loads(summary_path.read_text())
+        links = " ".join(f"[seed {n}](docs/demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
+        return "\n".join([seed_table(summary), "", pooled_table(summary), "", f"Reports: {links}."])
+    out = ["| seed | Stage I minus C-MAS base | MultiAgent-OPD minus H-MAS base | demo time | report |",
+           "|---|---|---|---|---|"]
+    for d in sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):])):
+        n = d.name[len("demo_seed"):]
+        claims = json.loads((d / "claims.json").read_text())
+        t = json.loads((d / "timings.json").read_text())
+        cells = [_interval(c) + ("" if c["holds"] else " (not shown)") for c in claims]
+        out.append(f"| {n} | {cells[0]} | {cells[1]} | {t['total'] / 60:.1f} min | [seed {n}]({d.as_posix()}/report.md) |")
+    return "\n".join(out)
+
+
+RENDERERS = {"seed0-systems": render_seed0_systems, "seed0-claims": render_seed0_claims,
+             "seed0-timings": render_seed0_timings, "seeds": render_seeds}
+
+
+def render_blocks(docs) -> dict[str, str]:
+    return {name: fn(Path(docs)) for name, fn in RENDERERS.items()}
+
+
+def readme_blocks(text: str) -> dict[str, str]:
+    """The current text of every marked block of a README (without the markers)."""
+    return {m.group("name"): m.group("body").rstrip("\n") for m in MARKER.finditer(text)}
+
+
+def update_readme(readme="README.md", docs="docs", check: bool = False) -> list[str]:
+    """Rewrite the marked blocks of ``readme`` from ``docs``; returns the names of the blocks that
+    changed (with ``check``, that would change; nothing is written)."""
+    path = Path(readme)
+    text = path.read_text(encoding="utf-8")
+    current = readme_blocks(text)
+    missing = sorted(set(RENDERERS) - set(current))
+    if missing:
+        raise ValueError(f"{readme} has no markers for {missing} (<!-- demo-tables:NAME --> ... "
+                         "<!-- /demo-tables:NAME -->)")
+    # paths in the rendered text are relative to the README's folder
+    docs = Path(docs)
+    rendered = render_blocks(docs)
+    changed = [n for n in RENDERERS if current[n] != rendered[n]]
+    if changed and not check:
+        new = MARKER.sub(lambda m: m.group(1) + rendered[m.group("name")] + "\n" + m.group(4)
+                         if m.group("name") in rendered else m.group(0), text)
+        path.write_text(new, encoding="utf-8")
+    return changed
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mopd.demo_tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("--readme", default="README.md")
+    p.add_argument("--docs", default="docs")
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args(argv)
+    changed = update_readme(args.readme, args.docs, check=args.check)
+    print(("out of date: " if args.check else "updated: ") + (", ".join(changed) or "nothing"))
+    return 1 if (args.check and changed) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
