@@ -74,8 +74,10 @@ class DataConfig:
     """Training questions: FlashRAG jsonl or Search-R1 parquet."""
     dev: str = ""
     """Validation questions (same formats); empty disables validation."""
-    dev_size: int = 64
-    """How many dev questions each validation uses (the first N, fixed across the run)."""
+    dev_size: int = 1000
+    """How many dev questions each validation uses (the first N, fixed across the run); the paper
+    validates on a fixed 1,000-question development set and evaluates the checkpoint nearest the
+    validation peak (kept as ``checkpoints/best.json``, exported with ``--checkpoint best``)."""
     skip_malformed: bool = False
     """Skip malformed rows (counted and reported) instead of stopping with an error."""
 

@@ -49,13 +49,32 @@ def _dist_info():
 
 
 def init_distributed() -> None:
-    """Join the torchrun process group when launched by torchrun (gloo on CPU, NCCL on CUDA)."""
-    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """Join the torchrun process group when launched by torchrun (gloo on CPU, NCCL on CUDA).
+
+    On a GPU without torchrun this starts a one-process NCCL group, so that a single-GPU run takes
+    the same path as a multi-GPU one: FSDP2 with fp32 master weights and bf16 compute, and vLLM
+    through its external launcher. (On CPU a single process stays unsharded, in fp32.)
+    """
+    if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if not cuda:
+            return
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+            os.environ.setdefault(key, value)
+    if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
+    dist.init_process_group("nccl" if cuda else "gloo")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _all_reduce(x: torch.Tensor, op=None) -> torch.Tensor:
@@ -80,7 +99,8 @@ class PolicyTrainer:
         if self.device.type == "cpu" and cfg.trainer.cpu_threads:
             torch.set_num_threads(cfg.trainer.cpu_threads)
 
-        self.sharded = self.world > 1
+        # Sharded whenever a process group exists: every rank under torchrun, and one GPU alone.
+        self.sharded = dist.is_initialized()
         self.model, self.tokenizer = load_causal_lm(
             cfg.model.path, dtype=master_dtype(cfg.model.dtype, self.device, self.sharded), device=self.device,
             attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
