@@ -14,7 +14,9 @@ from mopd.retriever.index_store import IndexDirError, IndexMeta, IndexMismatch, 
 
 
 def faiss_kind(index) -> str:
-    import faiss
+    from mopd.retriever.index_faiss import import_faiss
+
+    faiss = import_faiss()
 
     if isinstance(index, faiss.IndexFlat):
         if index.metric_type != faiss.METRIC_INNER_PRODUCT:
@@ -29,7 +31,9 @@ def faiss_kind(index) -> str:
 
 def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder_path: str | None = None,
                  progress: bool = False) -> Path:
-    import faiss
+    from mopd.retriever.index_faiss import import_faiss
+
+    faiss = import_faiss()
 
     from mopd.retriever.encoders import ENCODERS
 

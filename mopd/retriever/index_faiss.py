@@ -13,7 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.retriever.index_store import IndexDirError
+
 INDEX_FILE = "index.faiss"
+
+
+def import_faiss():
+    """The ``faiss`` module, or a one-line error naming the extra that installs it."""
+    try:
+        import faiss
+    except ImportError:
+        raise IndexDirError("this index kind needs faiss: pip install 'multiagent-opd[cpu]' (faiss-cpu) or "
+                            "'multiagent-opd[gpu]' (faiss-gpu-cu12), or build a bm25 or torch index") from None
+    return faiss
+
+
 FAISS_KINDS = ("flat", "ivf", "hnsw")
 HNSW_M = 32
 TRAIN_SAMPLE = 262144  # vectors used to train IVF centroids and quantiser
@@ -25,7 +39,7 @@ def ivf_lists(n: int) -> int:
 
 
 def new_index(kind: str, dim: int, n: int):
-    import faiss
+    faiss = import_faiss()
 
     if kind == "flat":
         return faiss.IndexFlatIP(dim)
@@ -55,7 +69,7 @@ def flat_vectors(index_file) -> np.ndarray:
     """The [N, D] vectors stored in a flat FAISS file (for the torch index over Search-R1's file).
 
     The file is memory-mapped and the vectors copied out once (N x D x 4 bytes of host memory)."""
-    import faiss
+    faiss = import_faiss()
 
     idx = faiss.read_index(str(index_file), faiss.IO_FLAG_MMAP)
     if not isinstance(idx, faiss.IndexFlat):
@@ -68,7 +82,7 @@ class FaissIndex:
     needs_text = False
 
     def __init__(self, index, kind: str, nprobe: int = 32, ef_search: int = 128):
-        import faiss
+        faiss = import_faiss()
 
         self.index, self.kind, self.dim = index, kind, index.d
         ivf = faiss.try_extract_index_ivf(index) if kind == "ivf" else None
@@ -85,14 +99,14 @@ class FaissIndex:
         return ids.astype(np.int64), scores.astype(np.float32)
 
     def write(self, out_dir: Path) -> None:
-        import faiss
+        faiss = import_faiss()
 
         faiss.write_index(self.index, str(Path(out_dir) / INDEX_FILE))
 
     @classmethod
     def load(cls, index_dir: Path, kind: str = "flat", gpu: bool = False, index_file: str | None = None,
              nprobe: int = 32, ef_search: int = 128, **_) -> FaissIndex:
-        import faiss
+        faiss = import_faiss()
 
         path = Path(index_file) if index_file else Path(index_dir) / INDEX_FILE
         # A flat index is read through a memory map: no second copy while it moves to the GPUs.
@@ -105,7 +119,7 @@ class FaissIndex:
 
 def gpu_available() -> bool:
     try:
-        import faiss
+        faiss = import_faiss()
 
         return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
     except Exception:
@@ -114,7 +128,7 @@ def gpu_available() -> bool:
 
 def to_gpus(index, kind: str):
     """Move an index to all visible GPUs, sharded, stored in fp16 (faiss-gpu only)."""
-    import faiss
+    faiss = import_faiss()
 
     if kind == "hnsw":
         raise ValueError("HNSW indexes have no FAISS GPU version; use flat, ivf or the torch index on GPU")

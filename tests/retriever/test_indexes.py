@@ -75,3 +75,21 @@ def test_bm25_ranks_matching_rows_first_and_roundtrips(tmp_path):
     np.testing.assert_array_equal(ids2[:2], ids[:2])
     np.testing.assert_allclose(scores2, scores)
     assert again.search(["fox"], 99)[0].shape == (1, 4)
+
+
+def test_a_missing_faiss_names_the_extra_that_installs_it(monkeypatch):
+    import builtins
+
+    from mopd.retriever import IndexDirError
+    from mopd.retriever.index_faiss import new_index
+
+    real = builtins.__import__
+
+    def no_faiss(name, *a, **k):
+        if name == "faiss":
+            raise ModuleNotFoundError("No module named 'faiss'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_faiss)
+    with pytest.raises(IndexDirError, match=r"multiagent-opd\[cpu\]"):
+        new_index("flat", 8, 10)
