@@ -92,7 +92,8 @@ class PolicyTrainer:
         init_distributed()
         self.cfg = cfg
         self.rank, self.world = _dist_info()
-        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
         self.run_dir = Path(cfg.trainer.out_dir)
         self.progress = progress and self.rank == 0
         torch.manual_seed(cfg.trainer.seed + self.rank)
@@ -102,8 +103,8 @@ class PolicyTrainer:
         # Sharded whenever a process group exists: every rank under torchrun, and one GPU alone.
         self.sharded = dist.is_initialized()
         self.model, self.tokenizer = load_causal_lm(
-            cfg.model.path, dtype=master_dtype(cfg.model.dtype, self.device, self.sharded), device=self.device,
-            attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
+            cfg.model.path, dtype=master_dtype(cfg.model.dtype, self.device, self.sharded),
+            device=self.device, attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
         self.model.train()
         self.policy = PackedCausalLM(self.model)
         if self.sharded:
@@ -205,15 +206,18 @@ class PolicyTrainer:
         if getattr(self, "_saved_step", None) != self.step:
             self.save()
         ckpt.mark_best(self.run_dir, self.step, "val/em", v)
-        self.logger.event(self.step, "checkpoint_best", f"val/em {v:.4f} is the best validation so far: checkpoint "
-                          f"step {self.step} is kept beside the last {self.cfg.trainer.keep_checkpoints} "
-                          "(`mopd export RUN --checkpoint best`)", value=v)
+        keep = self.cfg.trainer.keep_checkpoints
+        message = (f"val/em {v:.4f} is the best validation so far: checkpoint step {self.step} is kept beside "
+                   f"the last {keep} (`mopd export RUN --checkpoint best`)")
+        self.logger.event(self.step, "checkpoint_best", message, value=v)
 
     def resume(self) -> Optional[Path]:
         from mopd.train.run_dir import truncate_metrics
 
-        path, state = ckpt.load_latest(self.run_dir, self.model, self.optimizer, on_skip=lambda p, why: self.logger.event(
-            0, "checkpoint_skipped", f"{p} does not verify ({why}); falling back to an older checkpoint"))
+        def skipped(p, why):
+            self.logger.event(0, "checkpoint_skipped", f"{p} does not verify ({why}); trying an older one")
+
+        path, state = ckpt.load_latest(self.run_dir, self.model, self.optimizer, on_skip=skipped)
         if path is None:
             self.logger.event(0, "resume", "no checkpoint found; starting from step 0")
             if self.rank == 0:
@@ -241,8 +245,8 @@ class PolicyTrainer:
             self._release_engine()
         with timer("score"):
             step = self.score(records)
-            kl_sums = step.per_call_sums([b.old_logp - b.ref_logp for b in step.batches]) if self._kl_in_reward() \
-                else None
+            kl = [b.old_logp - b.ref_logp for b in step.batches] if self._kl_in_reward() else None
+            kl_sums = step.per_call_sums(kl) if kl is not None else None
             rewards, advantages = step_advantages(cfg, records, kl_sums, judge)
             step.fill_advantages(advantages)
         with timer("train"):
@@ -376,7 +380,8 @@ class PolicyTrainer:
             return {}
         settings = WorkflowSettings.for_evaluation(self.cfg, seed=VALIDATION_SEED + self.step)
         records = self.rollout(self.dev_questions[self.rank::self.world], settings, attempts=1)
-        counts = _all_reduce(torch.tensor(validation_counts(records), dtype=torch.float64, device=self.device))
+        counts = torch.tensor(validation_counts(records), dtype=torch.float64, device=self.device)
+        counts = _all_reduce(counts)
         return validation_metrics(counts.cpu().tolist())
 
     def fit(self, steps: Optional[int] = None) -> Dict[str, float]:
@@ -436,7 +441,8 @@ class PolicyTrainer:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=target, initial=self.step, desc=f"train {self.cfg.method}", unit="step", dynamic_ncols=True)
+        return tqdm(total=target, initial=self.step, desc=f"train {self.cfg.method}", unit="step",
+                    dynamic_ncols=True)
 
     def export(self, out_dir) -> Path:
         """A Hugging Face model directory of the current weights (how Stage I becomes the teacher)."""
