@@ -207,8 +207,8 @@ class PolicyTrainer:
             self.save()
         ckpt.mark_best(self.run_dir, self.step, "val/em", v)
         keep = self.cfg.trainer.keep_checkpoints
-        message = (f"val/em {v:.4f} is the best validation so far: checkpoint step {self.step} is kept beside "
-                   f"the last {keep} (`mopd export RUN --checkpoint best`)")
+        message = (f"val/em {v:.4f} is the best validation so far: checkpoint step {self.step} is kept "
+                   f"beside the last {keep} (`mopd export RUN --checkpoint best`)")
         self.logger.event(self.step, "checkpoint_best", message, value=v)
 
     def resume(self) -> Optional[Path]:
