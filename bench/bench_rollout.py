@@ -1,5 +1,5 @@
 """Rollout throughput: the scheduler batching every pending call of every run per engine step,
-against the same engine sending one agent call at a time (DESIGN §7 target: at least 5x).
+against the same engine sending one agent call at a time (docs/architecture.md target: at least 5x).
 
 Same engine (HFEngine), same tiny random Qwen3 model (hidden 128, 2 layers), same workload
 (C-MAS, 16 questions x 4 attempts, 5 steps, up to 32 tokens per turn, 1 Answerer candidate so

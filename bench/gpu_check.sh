@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-command GPU check (DESIGN §7, §8) on one H200 (stock image: torch 2.11, triton 3.6,
+# One-command GPU check (docs/architecture.md, "Performance targets"; §8) on one H200 (stock image: torch 2.11, triton 3.6,
 # transformers 5.17; no vllm, flash-attn, omegaconf): (1) mopd.kernels' compiled Triton kernels
 # against the naive references, then timed against the matmul floor, the chunked torch path and
 # Liger; (2) one trainer step of a small Qwen3 model with the HF engine (bench/gpu_train_step.py);
@@ -49,7 +49,7 @@ if [ "$rc" = 124 ]; then
   echo "FAIL gpu_check: kernels timed out after 280 s"
 fi
 
-# One training step of a small Qwen3-architecture model with the HF engine (DESIGN §7, trainer issue).
+# One training step of a small Qwen3-architecture model with the HF engine (docs/architecture.md, "Performance targets"; trainer issue).
 step_args=()
 [ "$dry" = 1 ] && step_args+=(--dry-run)
 [ -n "${OUT:-}" ] && step_args+=(--out "$OUT/train_step.json")

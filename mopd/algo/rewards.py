@@ -1,4 +1,4 @@
-"""Rewards of the three roles, from workflow records (DESIGN §4).
+"""Rewards of the three roles, from workflow records (docs/method.md).
 
 Team outcome: ``R_EM = max_j c_j`` over the Answerer candidates of the workflow's answering
 request, c_j the strict normalised exact match of candidate j (0 when there is no candidate).

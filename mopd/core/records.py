@@ -171,7 +171,7 @@ class WorkflowRecord:
     duration_s: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
-    # Cost counts (DESIGN §5) --------------------------------------------------------------
+    # Cost counts (docs/architecture.md, "Workflows and the action grammar") --------------------------------------------------------------
     def events_of(self, kind: str) -> List[Event]:
         return [e for e in self.events if e.kind == kind]
 

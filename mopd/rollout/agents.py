@@ -1,7 +1,7 @@
 """The three roles as small state machines inside one run: each owns its AgentCall(s), turns
 completions into events, and says what it needs next (a turn, a search, nothing).
 
-Forced transitions (DESIGN §5), shared by C-MAS and H-MAS:
+Forced transitions (docs/architecture.md, "Workflows and the action grammar"), shared by C-MAS and H-MAS:
 - A Searcher at its last step gets the order to report in that turn's prompt (``FORCE_REPORT``)
   and a ``limit`` event ('step'). If that turn is not a valid report (a search included: it is not
   run, but its query counts as a search action), it is recorded as invalid and the Searcher ends

@@ -1,7 +1,7 @@
 """`mopd plan`: what one GPU must hold for a config, in both phases of a colocated step, before
 anything is loaded.
 
-A step has two phases on every GPU (DESIGN §7, mopd.train.weight_sync):
+A step has two phases on every GPU (docs/architecture.md, "Performance targets"; mopd.train.weight_sync):
 
 - rollout: the vLLM engine is awake and owns ``gpu_memory_utilization`` of the GPU (its weights,
   activations and KV cache); the trainer keeps only what survives between steps (the fp32 master

@@ -1,6 +1,6 @@
 """Score only the sequences that need a frozen model's log-probs.
 
-The teacher's log-probs enter only OPD tokens and the reference's only KL tokens (DESIGN §4).
+The teacher's log-probs enter only OPD tokens and the reference's only KL tokens (docs/method.md).
 In Stage II without a KL term only Searcher calls need the teacher, yet a micro-batch packs calls
 of every role. ``score_needed`` runs the frozen model on the sub-batch of sequences that hold at
 least one token of the given roles and scatters the result back into a full-length tensor

@@ -1,6 +1,6 @@
 """The colocation cycle: the rollout engine and the trainer take turns on the same GPU.
 
-Per step and per rank (DESIGN §7)::
+Per step and per rank (docs/architecture.md, "Performance targets")::
 
     rollout -> engine.sleep(level=2)          # KV cache and weights freed: the GPU is the trainer's
             -> scoring and PPO updates
