@@ -6,14 +6,15 @@ completions) and ``close()``. One worker thread owns the engine, so the engine i
 from two threads, and the event loop of :mod:`mopd.rollout.async_scheduler` keeps running the
 other workflows (and their retrieval) while the engine computes.
 
-- :class:`BatchingFront`, for engines with a synchronous ``generate`` (HF, scripted): each
-  iteration takes every pending request, oldest first, up to ``max_batch_calls`` sampled
-  sequences (after a bounded wait for runs that are about to submit), runs one ``generate`` over
-  them and resolves their futures; what is submitted meanwhile makes the next batch. On the HF
-  engine a row samples the same tokens in any batch (per-row seeded streams,
-  :mod:`mopd.rollout.sampling`), so batching does not change records.
 - :class:`mopd.rollout.vllm_async_engine.VLLMStepFront`, for the vLLM engine: requests join
   vLLM's running batch between engine steps and leave it the step they finish.
+- :class:`mopd.rollout.hf_continuous.HFStepFront`, for the HF engine: the same, on HFEngine's
+  prefill, forward and sampling. A row samples the same tokens in any batch (per-row seeded
+  streams, :mod:`mopd.rollout.sampling`), so batching does not change records.
+- :class:`BatchingFront`, for other engines with a synchronous ``generate`` (scripted, fakes): each
+  iteration takes every pending request, oldest first, up to ``max_batch_calls`` sampled
+  sequences (after a bounded wait for runs that are about to submit), runs one ``generate`` over
+  them and resolves their futures; what is submitted meanwhile makes the next batch.
 
 :func:`engine_front` picks the front for an engine.
 """
@@ -169,11 +170,18 @@ class BatchingFront:
 
 
 def engine_front(engine, *, max_batch_calls: int = 256, others: Callable[[], int] = lambda: 0) -> EngineFront:
-    """The front for ``engine``: vLLM's step-level continuous batching for a
-    :class:`~mopd.rollout.vllm_engine.VLLMEngine` (sequences join between decode steps, so it never
-    waits to gather), the batching fallback for anything else (``others``: see BatchingFront)."""
+    """The front for ``engine``: step-level continuous batching for a
+    :class:`~mopd.rollout.vllm_engine.VLLMEngine` (vLLM's scheduler) and an
+    :class:`~mopd.rollout.hf_engine.HFEngine` (:mod:`mopd.rollout.hf_continuous`): sequences join
+    between decode steps, so they never wait to gather; the batching fallback for any other engine
+    with a ``generate`` (``others``: see BatchingFront)."""
     if getattr(engine, "llm", None) is not None and hasattr(engine.llm, "llm_engine"):
         from mopd.rollout.vllm_async_engine import VLLMStepFront
 
         return VLLMStepFront(engine)
+    hf = sys.modules.get("mopd.rollout.hf_engine")  # loaded whenever an HFEngine exists
+    if hf is not None and isinstance(engine, hf.HFEngine):
+        from mopd.rollout.hf_continuous import HFStepFront
+
+        return HFStepFront(engine, max_rows=max_batch_calls)
     return BatchingFront(engine, max_batch_calls=max_batch_calls, others=others)
