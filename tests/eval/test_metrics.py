@@ -116,3 +116,17 @@ def test_summary_strict_flexible_format_and_bound_by_hand():
     assert b["ci"][0] <= 0.25 <= b["ci"][1]
     assert s["format"]["P"]["upper_bound"] is None
     assert s["format"]["P"]["rescued"]["total"] == 0
+
+
+def test_validation_counts_add_up_across_ranks():
+    from mopd.eval.metrics import validation_counts, validation_metrics
+
+    rank0 = [make_record("q0", "nq", 0, right(), searches=2), make_record("q1", "nq", 0, WRONG, blank_queries=1)]
+    rank1 = [make_record("q2", "hq", 0, right(), searches=1), make_record("q3", "hq", 0, None, empty_searches=1),
+             make_record("q4", "hq", 0, "<answer>Paris</answer> <answer>Rome</answer>")]
+    a, b = validation_counts(rank0), validation_counts(rank1)
+    assert a == [1.0, 2.0, 2.0, 1.0] and b == [1.0, 3.0, 2.0, 1.0]   # a blank query is no search action
+    m = validation_metrics([x + y for x, y in zip(a, b)])
+    assert m == {"val/em": 2 / 5, "val/search_per_workflow": 4 / 5, "val/no_search_frac": 2 / 5}
+    assert validation_metrics(validation_counts([])) == {"val/em": 0.0, "val/search_per_workflow": 0.0,
+                                                          "val/no_search_frac": 0.0}
