@@ -63,6 +63,11 @@ class DemoSettings:
     did; re-measure with `mopd world pi0-check --seeds ...` and set it from that."""
     weak_pi0_valid: float = 0.9
     """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid (measured: 0.99-1.0)."""
+    lockstep: bool = True
+    """Roll out (training and evaluation) with the lock-step scheduler, whose engine batches are a
+    function of the runs' states, instead of the asynchronous one, whose batches depend on timing:
+    a call's sampling log-probs change in the last bits with what it is batched with (measured up to
+    1e-6 on the HF engine), so only lock-step runs are bit-reproducible."""
 
     def __post_init__(self):
         if self.eval_split not in ("test", "dev"):
@@ -113,7 +118,16 @@ def _stage_fingerprint(cfg: Config) -> str:
     return f"{cfg.trainer.steps} {hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]}"
 
 
-def _train_stage(name: str, cfg: Config, retriever, export_dir: Path) -> Path:
+def _rollout_fn(s: "DemoSettings"):
+    """The scheduler the demo rolls out with (None: the trainer's and evaluator's default)."""
+    if not s.lockstep:
+        return None
+    from mopd.rollout.scheduler import run_workflows
+
+    return run_workflows
+
+
+def _train_stage(name: str, cfg: Config, retriever, export_dir: Path, rollout_fn=None) -> Path:
     """Train (resuming a killed run) and export; a finished, exported stage is reused."""
     from mopd.train.trainer import PolicyTrainer
 
@@ -127,7 +141,7 @@ def _train_stage(name: str, cfg: Config, retriever, export_dir: Path) -> Path:
     _log(f"{name}: training {cfg.trainer.steps} steps ({cfg.method}) -> {cfg.trainer.out_dir}")
     t0 = time.perf_counter()
     deterministic_torch(max(1, cfg.trainer.cpu_threads))
-    trainer = PolicyTrainer(cfg, retriever=retriever, resume=True)
+    trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn)
     try:
         trainer.fit()
         trainer.export(export_dir)
@@ -160,7 +174,7 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
     t0 = time.perf_counter()
     deterministic_torch(1)
     plan = EvalPlan(out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=s.attempts, method=name)
-    path = evaluate(model_dir, None, retriever, questions, plan, cfg)
+    path = evaluate(model_dir, None, retriever, questions, plan, cfg, run_fn=_rollout_fn(s))
     _log(f"eval {name}: {time.perf_counter() - t0:.0f}s")
     return path
 
@@ -213,6 +227,16 @@ def spread_over_datasets(questions, n: int):
     return out
 
 
+def _eval_questions(world, s: DemoSettings):
+    """The questions of the final evaluation: the only place the demo reads ``s.eval_split``."""
+    from mopd.data.tinyworld import load_split
+
+    questions = load_split(world, s.eval_split)
+    if s.test_questions is not None:
+        questions = spread_over_datasets(questions, s.test_questions)
+    return questions
+
+
 def run_demo(s: DemoSettings) -> Path:
     """Run every stage (reusing finished ones); returns the report's path.
 
@@ -220,7 +244,7 @@ def run_demo(s: DemoSettings) -> Path:
     split, its check and both stages' validation curves use the dev split."""
     from mopd.config import RetrieverConfig
     from mopd.core.reproducible import deterministic_torch, environment_record
-    from mopd.data.tinyworld import build_world, load_split
+    from mopd.data.tinyworld import build_world
     from mopd.data.warmstart import build_pi0
     from mopd.eval.report import ReportOptions, report_runs
     from mopd.retriever import load_retriever
@@ -259,12 +283,12 @@ def run_demo(s: DemoSettings) -> Path:
 
     t = time.perf_counter()
     cfg1 = _stage_config("tiny_cmas_rl", s, world, pi0, root / "stage1", s.stage1_steps)
-    stage1 = str(_train_stage("Stage I", cfg1, retriever, root / "stage1" / "export"))
+    stage1 = str(_train_stage("Stage I", cfg1, retriever, root / "stage1" / "export", _rollout_fn(s)))
     times["stage1"] = time.perf_counter() - t
 
     t = time.perf_counter()
     cfg2 = _stage_config("tiny_mopd", s, world, pi0, root / "stage2", s.stage2_steps, teacher=stage1)
-    stage2 = str(_train_stage("Stage II", cfg2, retriever, root / "stage2" / "export"))
+    stage2 = str(_train_stage("Stage II", cfg2, retriever, root / "stage2" / "export", _rollout_fn(s)))
     times["stage2"] = time.perf_counter() - t
 
     systems = [("C-MAS base", pi0, "cmas"), ("C-MAS + RL", stage1, "cmas"), ("H-MAS base", pi0, "hmas"),
@@ -276,7 +300,7 @@ def run_demo(s: DemoSettings) -> Path:
         cfg3 = _stage_config("tiny_outcome_searcher", s, world, pi0, root / "ablation_outcome_searcher",
                              s.stage2_steps, teacher=stage1)
         abl = str(_train_stage("Ablation (outcome Searcher)", cfg3, retriever,
-                               root / "ablation_outcome_searcher" / "export"))
+                               root / "ablation_outcome_searcher" / "export", _rollout_fn(s)))
         systems.append(("Outcome Searcher", abl, "hmas"))
         logs.append(root / "ablation_outcome_searcher" / "metrics.jsonl")
         labels.append("Ablation (outcome Searcher)")
@@ -285,9 +309,7 @@ def run_demo(s: DemoSettings) -> Path:
     # The evaluation split is read here, after every model is final.
     t = time.perf_counter()
     dev = s.eval_split == "dev"
-    questions = load_split(world, s.eval_split)
-    if s.test_questions is not None:
-        questions = spread_over_datasets(questions, s.test_questions)
+    questions = _eval_questions(world, s)
     runs = []
     for name, model_dir, workflow in systems:
         slug = name.lower().replace(" ", "_").replace("+", "plus").replace("-", "_")

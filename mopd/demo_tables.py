@@ -122,7 +122,7 @@ def render_seeds(docs: Path) -> str:
     summary_path = docs / "demo_seeds" / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
-        links = " ".join(f"[seed {n}](docs/demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
+        links = " ".join(f"[seed {n}]({docs.name}/demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
         return "\n".join([seed_table(summary), "", pooled_table(summary), "", f"Reports: {links}."])
     out = ["| seed | Stage I minus C-MAS base | MultiAgent-OPD minus H-MAS base | demo time | report |",
            "|---|---|---|---|---|"]
@@ -131,7 +131,8 @@ def render_seeds(docs: Path) -> str:
         claims = json.loads((d / "claims.json").read_text())
         t = json.loads((d / "timings.json").read_text())
         cells = [_interval(c) + ("" if c["holds"] else " (not shown)") for c in claims]
-        out.append(f"| {n} | {cells[0]} | {cells[1]} | {t['total'] / 60:.1f} min | [seed {n}]({d.as_posix()}/report.md) |")
+        link = f"{docs.name}/{d.name}/report.md"   # relative to the README, which sits beside docs/
+        out.append(f"| {n} | {cells[0]} | {cells[1]} | {t['total'] / 60:.1f} min | [seed {n}]({link}) |")
     return "\n".join(out)
 
 
@@ -158,8 +159,6 @@ def update_readme(readme="README.md", docs="docs", check: bool = False) -> list[
     if missing:
         raise ValueError(f"{readme} has no markers for {missing} (<!-- demo-tables:NAME --> ... "
                          "<!-- /demo-tables:NAME -->)")
-    # paths in the rendered text are relative to the README's folder
-    docs = Path(docs)
     rendered = render_blocks(docs)
     changed = [n for n in RENDERERS if current[n] != rendered[n]]
     if changed and not check:

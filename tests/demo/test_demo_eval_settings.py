@@ -10,7 +10,7 @@ def test_the_searcher_template_of_training_is_the_one_evaluated(monkeypatch, tmp
     import mopd.eval.runner as runner
 
     plans = []
-    monkeypatch.setattr(runner, "evaluate", lambda model, tok, retriever, questions, plan, cfg: plans.append(plan))
+    monkeypatch.setattr(runner, "evaluate", lambda model, tok, retriever, questions, plan, cfg, **kw: plans.append(plan))
     s = DemoSettings(out=str(tmp_path), overrides=overrides)
     _evaluate("MultiAgent-OPD", "model", "hmas", [], None, s, tmp_path / "eval")
     (plan,) = plans

@@ -1,0 +1,107 @@
+"""README.md's demo numbers come from the committed reports under docs/: the marked blocks equal what
+`mopd demo-docs readme` renders, and the numbers in them equal the reports' own."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mopd.demo_tables import main_table_rows, publish, readme_blocks, render_blocks, update_readme
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM = r"([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\]"
+
+
+def _pp(x):
+    return f"{100 * x:+.2f}"
+
+
+def test_readme_blocks_are_the_rendering_of_the_committed_reports():
+    assert update_readme(ROOT / "README.md", ROOT / "docs", check=True) == []
+
+
+def test_readme_claims_equal_claims_json():
+    blocks = readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    claims = json.loads((ROOT / "docs" / "demo" / "claims.json").read_text())
+    found = re.findall(NUM, blocks["seed0-claims"])
+    assert found == [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1])) for c in claims]
+    if (ROOT / "docs" / "demo_seeds" / "summary.json").is_file():
+        summary = json.loads((ROOT / "docs" / "demo_seeds" / "summary.json").read_text())
+        expect = [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1]))
+                  for e in summary["per_seed"].values() for c in e["claims"]]
+        expect += [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1])) for c in summary["claims"]]
+    else:
+        expect = []
+        for d in sorted((ROOT / "docs").glob("demo_seed[0-9]*"), key=lambda p: int(p.name[9:])):
+            expect += [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1]))
+                       for c in json.loads((d / "claims.json").read_text())]
+    assert re.findall(NUM, blocks["seeds"]) == expect
+
+
+def test_readme_system_table_equals_the_report():
+    blocks = readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    report = main_table_rows((ROOT / "docs" / "demo" / "report.md").read_text(encoding="utf-8"))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in blocks["seed0-systems"].splitlines()[2:]]
+    assert [r[1:] for r in rows] == [r[1:4] for r in report]
+    assert [r[0].split(" (")[0] for r in rows] == [r[0] for r in report]
+
+
+def _fake_run(d: Path, seed_shift: float = 0.0):
+    (d / "report").mkdir(parents=True)
+    (d / "report" / "report.md").write_text(
+        "# t\n\n## Main results (strict EM, macro)\n\n| System | avg@4 | pass@4 | 4/4 |\n| :--- | ---: | ---: | ---: |\n"
+        "| C-MAS base | 1.00 [0.00, 2.00] | 3.00 [2.00, 4.00] | 0.00 [0.00, 0.00] |\n"
+        "| MultiAgent-OPD | 9.00 [8.00, 10.00] | 9.50 [9.00, 10.00] | 1.00 [0.00, 2.00] |\n\n### next\n")
+    qs = [{"dataset": "a" if i % 2 else "b", "id": f"q{i}", "base": 0.0, "trained": 0.1 + seed_shift} for i in range(6)]
+    claims = [{"trained": t, "base": b, "metric": "avg@4", "diff": 0.1 + seed_shift, "ci": [0.05, 0.15],
+               "holds": True, "questions": qs} for t, b in (("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base"))]
+    (d / "report" / "claims.json").write_text(json.dumps(claims))
+    (d / "report" / "per_dataset.png").write_bytes(b"png")
+    (d / "timings.json").write_text(json.dumps({"world": 10.0, "pi0": 300.0, "stage1": 290.0, "stage2": 310.0,
+                                                "eval": 70.0, "total": 990.0}))
+    (d / "world").mkdir()
+    (d / "world" / "big.bin").write_bytes(b"x")
+
+
+README = ("intro\n<!-- demo-tables:seed0-systems -->\nold\n<!-- /demo-tables:seed0-systems -->\nmid\n"
+          "<!-- demo-tables:seed0-claims -->\n<!-- /demo-tables:seed0-claims -->\n"
+          "<!-- demo-tables:seed0-timings -->\nx\n<!-- /demo-tables:seed0-timings -->\n"
+          "<!-- demo-tables:seeds -->\n<!-- /demo-tables:seeds -->\nend\n")
+
+
+def test_publish_then_render_into_a_readme(tmp_path):
+    from mopd.demo import write_seed_summary
+
+    _fake_run(tmp_path / "runs" / "demo")
+    docs = tmp_path / "docs"
+    publish(tmp_path / "runs" / "demo", docs / "demo")
+    assert sorted(p.name for p in (docs / "demo").iterdir()) == ["claims.json", "per_dataset.png", "report.md",
+                                                                 "timings.json"]
+    for n, shift in ((3, 0.0), (4, 0.1)):
+        _fake_run(tmp_path / "runs" / "seeds" / f"seed{n}", shift)
+    write_seed_summary(tmp_path / "runs" / "seeds", [3, 4], draws=100)
+    publish(tmp_path / "runs" / "seeds", docs / "demo_seeds")
+    assert (docs / "demo_seeds" / "seed4" / "claims.json").is_file() and (docs / "demo_seeds" / "summary.md").is_file()
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert update_readme(readme, docs) == ["seed0-systems", "seed0-claims", "seed0-timings", "seeds"]
+    text = readme.read_text()
+    assert text.startswith("intro\n") and "\nmid\n" in text and text.endswith("end\n") and "\nold\n" not in text
+    assert "| MultiAgent-OPD (Stage II) | 9.00 [8.00, 10.00] | 9.50 [9.00, 10.00] | 1.00 [0.00, 2.00] |" in text
+    assert "**+10.00 [+5.00, +15.00]**" in text and "16.5 min in all" in text
+    assert "| C-MAS + RL minus C-MAS base | 2 of 2 seeds | +15.00 [+10.00, +20.00] |" in text
+    assert "[seed 4](docs/demo_seeds/seed4/report.md)" in text
+    assert update_readme(readme, docs, check=True) == []
+    # a report that changes makes the README out of date, and check does not write
+    claims = json.loads((docs / "demo" / "claims.json").read_text())
+    claims[0]["diff"] = 0.2
+    (docs / "demo" / "claims.json").write_text(json.dumps(claims))
+    assert update_readme(readme, docs, check=True) == ["seed0-claims"] and readme.read_text() == text
+    assert set(render_blocks(docs)) == set(readme_blocks(text))
+
+
+def test_readme_without_markers_is_refused(tmp_path):
+    (tmp_path / "R.md").write_text("no markers\n")
+    with pytest.raises(ValueError, match="no markers"):
+        update_readme(tmp_path / "R.md", ROOT / "docs")
