@@ -135,6 +135,22 @@ def server():
 
 
 def test_cpu_tiny_world(server):
+    """Retrieval by the HTTP server on its own process (2 client connections for async)."""
+    _alternate(server, "server process", retrieval_workers=2)
+
+
+def test_cpu_tiny_world_inprocess():
+    """Retrieval by the in-process index (the demo's and the tests' setting)."""
+    if not (WORLD / "index" / "meta.json").is_file() or not (MODEL / "config.json").is_file():
+        pytest.skip(f"needs a tiny world at {WORLD} and a model at {MODEL}")
+    from mopd.retriever import open_retriever
+
+    _alternate(open_retriever(WORLD / "index"), "in-process index", retrieval_workers=1)
+
+
+def _alternate(retriever, label: str, retrieval_workers: int) -> None:
+    import statistics
+
     import torch
 
     from mopd.data.tinyworld import WorldPaths, load_split
@@ -151,30 +167,32 @@ def test_cpu_tiny_world(server):
                                 seed=0)
     attempts = int(os.environ.get("MOPD_BENCH_ATTEMPTS", "4"))
     results = {"lockstep": [], "async": []}
+    print(f"\n{label}: {len(questions)} questions x {attempts} H-MAS runs")
     for r in range(ROUNDS):
         for mode in (("lockstep", "async") if r % 2 == 0 else ("async", "lockstep")):
             start = time.perf_counter()
             if mode == "lockstep":
                 metered = MeteredEngine(engine)
-                recs = run_workflows(metered, server, engine.tokenizer, questions, settings,
+                recs = run_workflows(metered, retriever, engine.tokenizer, questions, settings,
                                      attempts=attempts, progress=False)
                 wall = time.perf_counter() - start
                 busy, rows = metered.busy / wall, metered.row_seconds / max(metered.busy, 1e-9)
             else:
-                recs = run_workflows_async(engine, server, engine.tokenizer, questions, settings,
-                                           attempts=attempts, progress=False, retrieval_workers=2)
+                recs = run_workflows_async(engine, retriever, engine.tokenizer, questions, settings,
+                                           attempts=attempts, progress=False,
+                                           retrieval_workers=retrieval_workers)
                 wall = time.perf_counter() - start
                 busy, rows = recs.stats.busy_fraction, recs.stats.mean_batch_rows
             tokens = sum(x.output_tokens for x in recs)
             searches = sum(x.search_actions for x in recs)
             results[mode].append((wall, tokens, busy, rows, searches))
-            print(f"\nround {r} {mode:8s}: {wall:6.2f} s  {tokens} tokens  {tokens / wall:7.1f} tok/s  "
+            print(f"round {r} {mode:8s}: {wall:6.2f} s  {tokens} tokens  {tokens / wall:7.1f} tok/s  "
                   f"busy {busy:5.1%}  mean rows {rows:5.1f}  searches {searches}")
     best = {m: max(t / w for w, t, *_ in v) for m, v in results.items()}
-    print(f"best tokens/s: lock-step {best['lockstep']:.1f}, async {best['async']:.1f}, "
-          f"ratio {best['async'] / best['lockstep']:.2f}")
     pairs = [a[1] / a[0] / (b[1] / b[0]) for a, b in zip(results["async"], results["lockstep"])]
-    print("per-round ratios: " + ", ".join(f"{p:.2f}" for p in pairs))
+    print(f"best tokens/s: lock-step {best['lockstep']:.1f}, async {best['async']:.1f}, "
+          f"ratio {best['async'] / best['lockstep']:.2f}; per-round ratios "
+          + ", ".join(f"{p:.2f}" for p in pairs) + f"; median {statistics.median(pairs):.2f}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def _run(args) -> int:
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: no such model directory")
     try:
-        from mopd.rollout.async_scheduler import run_workflows_async as run_workflows
+        from mopd.rollout.async_scheduler import run_rollout as run_workflows
     except ImportError as e:
         raise UserError(f"the rollout scheduler is not available ({e})") from None
     from mopd.retriever import load_retriever

@@ -29,8 +29,8 @@ from mopd.rollout.run_state import WorkflowSettings
 RUN_FILE = "run.json"
 RunWorkflows = Callable[..., List[WorkflowRecord]]
 """``run_workflows(engine, retriever, tokenizer, questions, settings, *, attempts, method, progress)
--> records``; default: the asynchronous scheduler (``mopd.rollout.async_scheduler.run_workflows_async``),
-whose records are the lock-step ``mopd.rollout.scheduler.run_workflows``'s."""
+-> records``; default: ``mopd.rollout.async_scheduler.run_rollout`` (the asynchronous scheduler where
+it is the faster one, else lock-step; the records are the same)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, plan: Eval
         dup = next(k for k in keys if keys.count(k) > 1)
         raise EvalError(f"question {dup[0]}/{dup[1]} appears twice in the manifest")
     if run_fn is None:
-        from mopd.rollout.async_scheduler import run_workflows_async as run_fn
+        from mopd.rollout.async_scheduler import run_rollout as run_fn
     out, attempts, method = plan.out_dir, plan.attempts, plan.method
     out.mkdir(parents=True, exist_ok=True)
     settings = plan.fixed_settings()

@@ -3,12 +3,12 @@
 Public API (import from the modules; this package imports nothing, so that reading records does
 not pull in torch):
 
-- ``mopd.rollout.async_scheduler.run_workflows_async(engine, retriever, tokenizer, questions,
-  settings, *, attempts, method, progress)`` -> ``list[WorkflowRecord]`` with ``.stats`` (a
-  ``rollout_stats.RolloutStats``): the entry point of training and evaluation; every run advances
-  on its own, the engine batches whatever turns are pending, retrieval overlaps generation.
-- ``mopd.rollout.scheduler.run_workflows(...)`` (same arguments): lock-step rounds, the reference
-  the asynchronous scheduler's records are tested against.
+- ``mopd.rollout.async_scheduler.run_rollout(engine, retriever, tokenizer, questions, settings, *,
+  attempts, method, progress)`` -> ``list[WorkflowRecord]`` with ``.stats`` (a
+  ``rollout_stats.RolloutStats``): the entry point of training and evaluation. It runs
+  ``run_workflows_async`` (every run advances on its own, the engine batches whatever turns are
+  pending, retrieval overlaps generation) where that is faster (vLLM), else
+  ``mopd.rollout.scheduler.run_workflows`` (lock-step rounds); both give the same records.
 - ``mopd.rollout.engine``: ``SamplingParams``, ``GenerationRequest``, ``Completion``, ``Engine``,
   ``build_engine``; engines ``hf_engine.HFEngine``, ``vllm_engine.VLLMEngine``,
   ``scripted_engine.ScriptedEngine`` (replays texts: demonstrations, tests).

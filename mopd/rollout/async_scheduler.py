@@ -25,7 +25,9 @@ A search that raises or times out ends its run with a ``limit`` event whose text
 Cancelling (Ctrl-C, or cancelling the caller) cancels every run, fails pending requests, lets the
 engine batch in progress finish and joins the worker threads before the exception propagates.
 
-Entry point: :func:`run_workflows_async`, with ``run_workflows``'s signature.
+Entry points, with ``run_workflows``'s signature: :func:`run_workflows_async`, and
+:func:`run_rollout`, the trainer's and evaluation's default, which uses it where it is the faster
+scheduler (:func:`prefers_async`) and the lock-step one elsewhere, with the same statistics.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from mopd.core.records import WorkflowRecord
 from mopd.retriever.client import RetrieverUnavailable
 from mopd.rollout.async_engine import engine_front
 from mopd.rollout.async_retrieval import RetrievalFront
-from mopd.rollout.rollout_stats import RolloutStats
+from mopd.rollout.rollout_stats import BusyMeter, MeteredEngine, MeteredRetriever, RolloutStats
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import new_runs
 
@@ -181,4 +183,31 @@ def run_workflows_async(engine, retriever, tokenizer, questions, settings: Workf
         engine.reset_prefix_cache()
     records = RolloutRecords(r.ctx.record for r in runs)
     records.stats = RolloutStats.collect(wall, front.meter, searches.meter, records, failed)
+    return records
+
+
+def prefers_async(engine) -> bool:
+    """Whether the asynchronous scheduler is the faster one for ``engine`` (bench/RESULTS.md,
+    "Asynchronous rollout"): yes for vLLM, whose engine steps run outside the Python interpreter
+    lock and batch continuously (simulated at the paper's scale: 1.46-1.50x lock-step tokens/s);
+    no for the HF engine on the CPU, whose Python decode loop shares that lock with the event loop
+    (measured on the tiny world: 0.57x) and for other synchronous engines."""
+    return getattr(engine, "llm", None) is not None and hasattr(engine.llm, "llm_engine")
+
+
+def run_rollout(engine, retriever, tokenizer, questions, settings: WorkflowSettings, *, attempts: int,
+                method: str = "", progress: bool = True) -> List[WorkflowRecord]:
+    """:func:`run_workflows_async` where :func:`prefers_async`, else the lock-step scheduler with
+    its engine and retriever metered; either way the records (identical in both) carry ``stats``."""
+    if prefers_async(engine):
+        return run_workflows_async(engine, retriever, tokenizer, questions, settings, attempts=attempts,
+                                   method=method, progress=progress)
+    from mopd.rollout.scheduler import run_workflows
+
+    engine_meter, retrieval_meter = BusyMeter(), BusyMeter()
+    start = time.perf_counter()
+    records = RolloutRecords(run_workflows(MeteredEngine(engine, engine_meter),
+                                           MeteredRetriever(retriever, retrieval_meter), tokenizer, questions,
+                                           settings, attempts=attempts, method=method, progress=progress))
+    records.stats = RolloutStats.collect(time.perf_counter() - start, engine_meter, retrieval_meter, records)
     return records

@@ -2,9 +2,10 @@
 generated tokens per second per role.
 
 The engine and retrieval fronts (:mod:`mopd.rollout.async_engine`,
-:mod:`mopd.rollout.async_retrieval`) feed a :class:`BusyMeter` each; the scheduler turns the two
-meters, the wall time and the records into one :class:`RolloutStats`, which the trainer logs per
-step (:meth:`RolloutStats.as_metrics`).
+:mod:`mopd.rollout.async_retrieval`) feed a :class:`BusyMeter` each; under the lock-step scheduler
+:class:`MeteredEngine` and :class:`MeteredRetriever` do. The scheduler turns the two meters, the
+wall time and the records into one :class:`RolloutStats`, which the trainer logs per step
+(:meth:`RolloutStats.as_metrics`).
 
 Definitions (all over one rollout):
 - busy fraction: seconds the engine was computing (inside ``generate`` or one engine step) over
@@ -18,6 +19,7 @@ Definitions (all over one rollout):
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Sequence
 
@@ -114,3 +116,39 @@ class RolloutStats:
              "failed_runs": float(self.failed_runs)}
         m.update({f"tokens_per_s/{k}": v for k, v in self.tokens_per_s.items()})
         return {prefix + k: float(v) for k, v in m.items()}
+
+
+class MeteredEngine:
+    """An engine whose ``generate`` calls are timed into ``meter`` (one unit per call; rows: the
+    sampled sequences; wait: the call's duration, for each request)."""
+
+    def __init__(self, engine, meter: BusyMeter):
+        self.engine, self.meter = engine, meter
+
+    def generate(self, requests):
+        start = time.perf_counter()
+        out = self.engine.generate(requests)
+        seconds = time.perf_counter() - start
+        self.meter.work(seconds, sum(r.params.n for r in requests))
+        for _ in requests:
+            self.meter.wait(seconds)
+        return out
+
+    def __getattr__(self, name):  # tokenizer, reset_prefix_cache, ...
+        return getattr(self.engine, name)
+
+
+class MeteredRetriever:
+    """A retriever whose ``search`` calls are timed into ``meter`` (rows: queries)."""
+
+    def __init__(self, retriever, meter: BusyMeter):
+        self.retriever, self.meter = retriever, meter
+
+    def search(self, queries, k):
+        start = time.perf_counter()
+        out = self.retriever.search(queries, k)
+        seconds = time.perf_counter() - start
+        self.meter.work(seconds, len(queries))
+        for _ in queries:
+            self.meter.wait(seconds)
+        return out

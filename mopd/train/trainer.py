@@ -133,11 +133,11 @@ class PolicyTrainer:
             retriever = load_retriever(cfg.retriever)
         self.retriever = retriever
         if rollout_fn is None:
-            from mopd.rollout.async_scheduler import run_workflows_async as rollout_fn
+            from mopd.rollout.async_scheduler import run_rollout as rollout_fn
         self.rollout_fn = rollout_fn
         """``run_workflows``-compatible: (engine, retriever, tokenizer, questions, settings, *,
         attempts, method, progress) -> records (with ``.stats``, a RolloutStats, when it has them);
-        default: the asynchronous scheduler."""
+        default: the asynchronous scheduler where it is the faster one (vLLM), else lock-step."""
 
         self._load_data()
         self.step = 0

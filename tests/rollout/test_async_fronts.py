@@ -158,6 +158,9 @@ class FakeVLLMEngine:
     def _params(self, p):
         return SimpleNamespace(n=p.n, max_tokens=p.max_new_tokens)
 
+    def reset_prefix_cache(self):
+        pass
+
 
 def test_vllm_front_joins_requests_between_steps_and_resolves_them_when_they_finish():
     engine = FakeVLLMEngine()

@@ -222,3 +222,23 @@ def test_an_unreachable_retriever_fails_the_rollout(tokenizer):
                             settings_for("cmas"), attempts=1, progress=False, retrieval_workers=2)
     assert all(len(b) >= 1 for b in gone.batches) and len(gone.batches) <= 2  # no query-by-query retry
     assert not mopd_threads()
+
+
+def test_run_rollout_picks_the_scheduler_by_engine_and_always_reports_stats(tokenizer):
+    from mopd.rollout.async_scheduler import prefers_async, run_rollout
+
+    from .test_async_fronts import FakeVLLMEngine
+
+    engine, retriever = ScriptedEngine(tokenizer, uneven), FakeRetriever()
+    assert not prefers_async(engine) and prefers_async(FakeVLLMEngine())
+    got = run_rollout(engine, retriever, tokenizer, questions(5), settings_for("hmas"), attempts=2,
+                      method="m", progress=False)
+    assert comparable(got) == comparable(lockstep("hmas", tokenizer, uneven, 5, 2))
+    stats = got.stats
+    assert stats.engine_calls == len(engine.batches) and stats.retrieval_batches == len(retriever.batches)
+    assert stats.retrieval_queries == sum(r.search_actions for r in got) > 0
+    assert stats.mean_batch_rows > 1 and 0 < stats.busy_fraction <= 1
+    fake = FakeVLLMEngine()  # continuous batching: the asynchronous scheduler, stepping the fake engine
+    got = run_rollout(fake, FakeRetriever(), tokenizer, questions(2), settings_for("cmas"), attempts=1,
+                      progress=False)
+    assert len(got) == 2 and got.stats.engine_calls == len(fake.llm.llm_engine.steps) > 0
