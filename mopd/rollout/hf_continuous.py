@@ -37,6 +37,9 @@ from mopd.rollout.hf_engine import _layer_kv
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
 
+JOIN_EVERY = 8
+"""Decode steps a request waits at most before it joins a running batch (see HFStepFront._admit)."""
+
 
 @dataclass
 class _Request:
@@ -75,13 +78,16 @@ def _new_cache(model, layers):
     return cache
 
 
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _stack_left(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    """``a`` over ``b`` along the batch, each right-aligned in ``width`` columns (dim 2 of a cache
+    tensor, dim 1 of a mask); zeros on the left. One copy."""
+    dim = 1 if a.dim() == 2 else 2
+    shape = list(a.shape)
+    shape[0], shape[dim] = a.shape[0] + b.shape[0], width
+    out = a.new_zeros(shape)
+    out.narrow(0, 0, a.shape[0]).narrow(dim, width - a.shape[dim], a.shape[dim]).copy_(a)
+    out.narrow(0, a.shape[0], b.shape[0]).narrow(dim, width - b.shape[dim], b.shape[dim]).copy_(b)
+    return out
 
 
 class HFStepFront:
@@ -93,6 +99,7 @@ class HFStepFront:
         self._pending: Deque[_Request] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._held = 0
         self._on_worker = cuda_device_keeper()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -110,12 +117,21 @@ class HFStepFront:
 
     # ------------------------------------------------------------------ worker
     def _admit(self, running: int) -> Optional[List[_Request]]:
-        """Requests to add now (waiting for one when nothing runs); None once closed."""
+        """Requests to add now (waiting for one when nothing runs); None once closed.
+
+        Joining copies the whole cache, so while rows run, newcomers join in groups: once their
+        rows are a quarter of the running ones, or the oldest has waited ``JOIN_EVERY`` steps."""
         with self._cv:
             while not self._pending and not running and not self._closed:
                 self._cv.wait()
             if self._closed:
                 return None
+            if running and self._pending:
+                self._held += 1
+                rows = sum(r.request.params.n for r in self._pending)
+                if 4 * rows < running and self._held < JOIN_EVERY:
+                    return []
+            self._held = 0
             new, rows = [], running
             while self._pending:
                 n = self._pending[0].request.params.n
@@ -218,11 +234,10 @@ class HFStepFront:
         if old is None or new is None:
             return old or new
         width = max(old.mask.shape[1], new.mask.shape[1])
-        layers = [(torch.cat([_left_pad(ko, width, 2), _left_pad(kn, width, 2)]),
-                   torch.cat([_left_pad(vo, width, 2), _left_pad(vn, width, 2)]))
+        layers = [(_stack_left(ko, kn, width), _stack_left(vo, vn, width))
                   for (ko, vo), (kn, vn) in zip(_layer_kv(old.cache), _layer_kv(new.cache))]
         return _Batch(old.rows + new.rows, _new_cache(self.engine.model, layers),
-                      torch.cat([_left_pad(old.mask, width, 1), _left_pad(new.mask, width, 1)]),
+                      _stack_left(old.mask, new.mask, width),
                       torch.cat([old.tok, new.tok]), torch.cat([old.pos, new.pos]),
                       torch.cat([old.temperature, new.temperature]), torch.cat([old.top_p, new.top_p]))
 
