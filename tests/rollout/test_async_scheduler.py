@@ -2,6 +2,7 @@
 
 import _thread
 import asyncio
+import dataclasses
 import re
 import threading
 import time
@@ -239,6 +240,6 @@ def test_run_rollout_picks_the_scheduler_by_engine_and_always_reports_stats(toke
     assert stats.retrieval_queries == sum(r.search_actions for r in got) > 0
     assert stats.mean_batch_rows > 1 and 0 < stats.busy_fraction <= 1
     fake = FakeVLLMEngine()  # continuous batching: the asynchronous scheduler, stepping the fake engine
-    got = run_rollout(fake, FakeRetriever(), tokenizer, questions(2), settings_for("cmas"), attempts=1,
-                      progress=False)
+    short = dataclasses.replace(settings_for("cmas"), max_output_tokens=8)
+    got = run_rollout(fake, FakeRetriever(), tokenizer, questions(2), short, attempts=1, progress=False)
     assert len(got) == 2 and got.stats.engine_calls == len(fake.llm.llm_engine.steps) > 0
