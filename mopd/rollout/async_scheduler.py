@@ -11,9 +11,12 @@ Each run is a coroutine around the run's own state machine (``begin_step`` / ``s
     deliver them in order; run.end_step()
 
 Runs never wait for each other: a run whose Searcher reported starts its Answerer while another
-run's Searcher is still decoding, and retrieval overlaps generation. Within a run the step
-structure is the record's (an H-MAS wave moves one step at a time, as its step and round limits
-count), so the records are the lock-step scheduler's: same prompts, segments, events and steps.
+run's Searcher is still decoding, and retrieval overlaps generation. Nor do the Searchers of one
+H-MAS wave: a run that exposes ``lanes()`` (:mod:`mopd.rollout.lanes`) has each lane driven by
+its own coroutine, which submits the Searcher's next turn as soon as its own search returns; the
+run goes on (``join_lanes()``, then the Leader's step) when every lane has ended. Steps are
+logical rounds, not a barrier: each lane keeps its own step, and the events are put in round
+order, so the records are the lock-step scheduler's: same prompts, segments, events and steps.
 Sampling is seeded per request from (seed, question, attempt, call, turn)
 (:meth:`RunContext.params`), and the HF and scripted engines sample a request the same way in any
 batch; only ``duration_s`` differs.
@@ -89,8 +92,80 @@ async def drive_run(run, engine, retrieval, counter: Optional[RunCounter] = None
         counter.away -= 1
 
 
+class _SearchFailed(Exception):
+    """A lane's search raised or timed out (not fatally): its run ends."""
+
+    def __init__(self, lane, error: BaseException):
+        super().__init__(str(error))
+        self.lane, self.error = lane, error
+
+
+def _end_on_search_error(run, error: BaseException) -> None:
+    """End ``run`` with a ``limit`` event saying why its search failed."""
+    if isinstance(error, FATAL_RETRIEVAL_ERRORS):
+        raise error
+    reason = f"timed out ({error})" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+    run.ctx.event("limit", text=f"{RETRIEVAL_EVENT}: {reason}")
+    run.ctx.finish()
+    run.done = True
+
+
+async def _drive_lane(lane, engine, retrieval, counter: RunCounter) -> None:
+    """One Searcher of a wave, turn after turn, each submitted when its own previous search is in."""
+    try:
+        while not lane.done:
+            turn = lane.begin()
+            if turn is None:
+                return
+            future = engine.submit(turn.request)
+            counter.away -= 1
+            try:
+                (completions,) = await _await_all([future])
+            finally:
+                counter.away += 1
+            turn.deliver(completions)
+            need = lane.search()
+            if need is not None:
+                try:
+                    (passages,) = await _await_all([retrieval.submit(need.query)])
+                except Exception as e:
+                    if isinstance(e, FATAL_RETRIEVAL_ERRORS):
+                        raise
+                    raise _SearchFailed(lane, e) from e
+                need.deliver(passages)
+            lane.end_turn()
+    finally:
+        counter.away -= 1
+
+
+async def _drive_lanes(lanes, engine, retrieval, counter: RunCounter) -> _SearchFailed | None:
+    """Every lane on its own coroutine until all have ended; the first failed search, if any
+    (the other lanes are then cancelled). Any other error cancels them and propagates."""
+    counter.away += len(lanes) - 1  # each lane counts as a run for the engine front
+    tasks = [asyncio.ensure_future(_drive_lane(lane, engine, retrieval, counter)) for lane in lanes]
+    try:
+        await asyncio.gather(*tasks)
+    except _SearchFailed as failed:
+        return failed
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        counter.away += 1
+    return None
+
+
 async def _drive(run, engine, retrieval, counter: RunCounter) -> bool:
     while not run.done:
+        lanes = run.lanes() if hasattr(run, "lanes") else []
+        if lanes:
+            failed = await _drive_lanes(lanes, engine, retrieval, counter)
+            run.join_lanes()
+            if failed is not None:
+                run.ctx.step = failed.lane.step
+                _end_on_search_error(run, failed.error)
+                return False
+            continue
         turns = run.begin_step()
         futures = [engine.submit(t.request) for t in turns]
         counter.away -= 1
@@ -107,10 +182,7 @@ async def _drive(run, engine, retrieval, counter: RunCounter) -> bool:
             except Exception as e:
                 if isinstance(e, FATAL_RETRIEVAL_ERRORS):
                     raise
-                reason = f"timed out ({e})" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-                run.ctx.event("limit", text=f"{RETRIEVAL_EVENT}: {reason}")
-                run.ctx.finish()
-                run.done = True
+                _end_on_search_error(run, e)
                 return False
             for need, passages in zip(needs, results, strict=True):
                 need.deliver(passages)

@@ -9,6 +9,11 @@ Step budget: every step counts, the Answerer's included, and a run uses at most 
 - the Leader is forced to select when it has already dispatched ``max_rounds`` waves ('round') or
   when a new wave could no longer report in time, i.e. at step >= max_steps-2 ('step');
 - the Answerer acts at the latest at step max_steps.
+
+A wave's Searchers are lanes (:mod:`mopd.rollout.lanes`), each on its own steps: the lock-step
+scheduler runs them in rounds through ``begin_step``/``searches``/``end_step``; the asynchronous one
+takes them with :meth:`HMASRun.lanes`, runs each on its own, and hands back with
+:meth:`HMASRun.join_lanes`. The records are the same.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from mopd.rollout.agents import AnswerRequest, Leader, Searcher
+from mopd.rollout.lanes import Lane, merge_events
 from mopd.rollout.run_state import RunContext, SearchNeed, Turn
 
 MIN_STEPS = 2
@@ -30,7 +36,9 @@ class HMASRun:
         self.ctx = ctx
         self.leader = Leader(ctx, ctx.record.question)
         self.phase = "leader"
-        self.wave: List[Searcher] = []
+        self.wave: list[Lane] = []
+        self._wave_events = 0
+        """Index of the wave's first event in the record."""
         self.answer: Optional[AnswerRequest] = None
         self.done = False
 
@@ -50,13 +58,12 @@ class HMASRun:
         ctx = self.ctx
         ctx.step += 1
         if self.phase == "wave":
-            force = ctx.step >= ctx.settings.max_steps - 2
             turns = []
-            for s in self.wave:
-                if not s.done:
-                    request = s.turn(force)
-                    if request is not None:
-                        turns.append(Turn(request, s.receive))
+            for lane in self.wave:  # in lock-step every lane left is at this step
+                if not lane.done:
+                    turn = lane.begin()
+                    if turn is not None:
+                        turns.append(turn)
             if turns:
                 return turns
             self._wave_finished()  # every Searcher left had to end (input limit)
@@ -70,12 +77,25 @@ class HMASRun:
     def searches(self) -> List[SearchNeed]:
         if self.phase != "wave":
             return []
-        return [SearchNeed(s.pending_query, s.deliver) for s in self.wave if s.pending_query is not None]
+        return [need for need in (lane.search() for lane in self.wave) if need is not None]
 
     def _wave_finished(self) -> None:
-        self.leader.add_reports([(s.subtask, s.report) for s in self.wave])
+        merge_events(self.ctx, self._wave_events, self.wave)
+        self.leader.add_reports([(lane.searcher.subtask, lane.searcher.report) for lane in self.wave])
         self.wave = []
         self.phase = "leader"
+
+    def lanes(self) -> list[Lane]:
+        """The wave's Searchers while a wave is out (empty otherwise), for a driver that advances
+        each on its own instead of calling ``begin_step``; then :meth:`join_lanes`."""
+        return list(self.wave) if self.phase == "wave" else []
+
+    def join_lanes(self) -> None:
+        """Every lane has ended (or the run stops): the wave's events go in round order, and the
+        Leader acts next at the step rounds give it: the step after the wave's last turn, or the
+        step at which the last Searcher had to end without a turn."""
+        self.ctx.step = max(lane.step for lane in self.wave) - 1  # begin_step adds one
+        self._wave_finished()
 
     def end_step(self) -> None:
         if self.phase == "answer":
@@ -86,10 +106,15 @@ class HMASRun:
             if self.leader.selection is not None:
                 self._to_answer()
             elif self.leader.subtasks:
-                w = self.leader.rounds - 1
-                self.wave = [Searcher(self.ctx, f"s{w}.{i}", self.ctx.record.question, subtask)
+                w, ctx = self.leader.rounds - 1, self.ctx
+                self._wave_events = len(ctx.record.events)
+                self.wave = [Lane(ctx, Searcher(ctx, f"s{w}.{i}", ctx.record.question, subtask), i,
+                                  step=ctx.step + 1, force_at=ctx.settings.max_steps - 2)
                              for i, subtask in enumerate(self.leader.subtasks)]
                 self.leader.subtasks = []
                 self.phase = "wave"
-        elif self.phase == "wave" and all(s.done for s in self.wave):
-            self._wave_finished()
+        elif self.phase == "wave":
+            for lane in self.wave:
+                lane.end_turn()
+            if all(lane.done for lane in self.wave):
+                self._wave_finished()

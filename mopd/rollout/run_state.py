@@ -107,6 +107,8 @@ class RunContext:
         self.copy = copy
         """Earlier copies of this question in the batch (see ``scheduler.new_run``)."""
         self.step = 0
+        """The step of the agent acting now: the run's step, or inside an H-MAS wave the acting
+        Searcher's own (each lane sets it before each of its sub-steps, see mopd.rollout.lanes)."""
         self.started = time.perf_counter()
 
     def event(self, kind: str, call_id: str = "", text: str = "", passages=None, selection=None) -> None:
