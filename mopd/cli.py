@@ -48,9 +48,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
-    if getattr(args, "pin_cpu", False):
+    if getattr(args, "pin_cpu", False) and "torch" not in sys.modules:
         # Before any handler imports torch: MKL and torch read these when they load
-        # (mopd.core.reproducible says what each one pins).
+        # (mopd.core.reproducible says what each one pins). Once torch is loaded (main called
+        # from a Python session) they would change nothing, so the environment is left alone.
         from mopd.core.reproducible import pin_cpu_environment
 
         pin_cpu_environment()

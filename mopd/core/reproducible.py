@@ -81,7 +81,7 @@ def environment_record() -> Dict[str, object]:
 
     return {
         "env": {k: os.environ.get(k) for k in CPU_ENV},
-        "pinned_before_torch": _STATE["pinned_before_torch"],
+        "pinned_before_torch": _STATE["pinned_before_torch"],   # None: not pinned by mopd in this process
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),

@@ -38,3 +38,25 @@ def test_world_settings_from_key_values():
     for bad in (["seed=3"], ["nope=1"], ["bands"], ["bands=many"]):
         with pytest.raises(ValueError):
             parse_world_settings(bad)
+
+
+def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
+    import json
+
+    from mopd.cli import main
+
+    small = ["bands=24", "companies=8", "towns=8", "rivers=4", "twins=2", "distractors=20", "test_per_dataset=4",
+             "dev_per_dataset=2"]
+    argv = ["world", "pi0-check", "--seeds", "1", "2", "--out", str(tmp_path), "--attempts", "1", "--pi0-steps", "2",
+            "--bm25", "--world-setting", *small]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| 1 |" in out and "| 2 |" in out and "2 of 2 seeds weak" in out   # 2 SFT steps: nothing valid yet
+    table = json.loads((tmp_path / "pi0_check.json").read_text())
+    assert set(table) == {"1", "2"} and table["1"]["weak"] and table["1"]["thresholds"]["em"] == 0.15
+    # the layout mopd demo --seeds reuses; a second call measures nothing again
+    model = tmp_path / "seed2" / "pi0" / "model.safetensors"
+    stamp = model.stat().st_mtime_ns, (tmp_path / "seed2" / "pi0_check.json").stat().st_mtime_ns
+    assert main(argv) == 0
+    assert (model.stat().st_mtime_ns, (tmp_path / "seed2" / "pi0_check.json").stat().st_mtime_ns) == stamp
+    assert main(["world", "pi0-check", "--seeds", "1", "--out", str(tmp_path), "--world-setting", "nope=1"]) == 2
