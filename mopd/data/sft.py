@@ -18,6 +18,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 Seq = Tuple[List[int], List[int]]
@@ -90,14 +91,40 @@ def sft_loss_sum(model, seqs: Sequence[Seq], pad_id: int, share_prefix: bool = T
     return (F.cross_entropy(logits, targets, reduction="none") * w).sum(), float(w.sum())
 
 
-def train_sft(model, episodes: Sequence[Sequence[Seq]], *, steps: int, episodes_per_step: int, lr: float, seed: int,
-              pad_id: int, warmup_frac: float = 0.05, weight_decay: float = 0.0, grad_clip: float = 1.0,
-              micro_batch_tokens: int = 4096, log_every: int = 10, progress: bool = False,
-              token_weights=None) -> List[float]:
+@dataclass(frozen=True)
+class SFTSettings:
+    """Optimisation of a supervised fine-tuning run."""
+
+    steps: int
+    """Optimiser steps."""
+    episodes_per_step: int
+    """Episodes (all their sequences) per step, drawn without replacement, reshuffled each epoch."""
+    lr: float
+    """AdamW peak learning rate (linear warm-up, then cosine decay to 0)."""
+    seed: int = 0
+    """Seed of the episode order."""
+    warmup_frac: float = 0.05
+    """Fraction of the steps spent warming up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward/backward (memory only: the step is the same either way)."""
+    log_every: int = 10
+    """Steps between progress lines."""
+
+
+def train_sft(model, episodes: Sequence[Sequence[Seq]], settings: SFTSettings, *, pad_id: int,
+              token_weights=None, progress: bool = False) -> List[float]:
     """Supervised fine-tuning on ``episodes`` (each a list of sequences, trained together),
-    ``episodes_per_step`` drawn per step without replacement (reshuffled each epoch); AdamW with
-    linear warm-up and cosine decay, gradient clipping, token-mean loss per step. Returns the
-    mean loss of every step."""
+    ``settings.episodes_per_step`` drawn per step without replacement (reshuffled each epoch);
+    AdamW with linear warm-up and cosine decay, gradient clipping, token-mean loss per step.
+    ``token_weights[v]`` weighs target token ``v`` in the loss. Returns the mean loss of every step."""
+    s = settings
+    steps, episodes_per_step, lr, seed = s.steps, s.episodes_per_step, s.lr, s.seed
+    warmup_frac, weight_decay, grad_clip = s.warmup_frac, s.weight_decay, s.grad_clip
+    micro_batch_tokens, log_every = s.micro_batch_tokens, s.log_every
     import torch
 
     rng = random.Random(seed)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mopd.data.markers import read_marker
-from mopd.data.sft import train_sft
+from mopd.data.sft import SFTSettings, train_sft
 from mopd.retriever.memo import QueryMemo
 
 PI0_FILE = "pi0.json"
@@ -270,9 +270,11 @@ def build_pi0(world_dir, out_dir, *, steps: int = 450, seed: int = 0, settings: 
     if s.name_weight != 1.0:
         weights = torch.ones(len(tokenizer))
         weights[name_token_ids(tokenizer)] = s.name_weight
-    losses = train_sft(model, demos.episodes, token_weights=weights, steps=s.steps, episodes_per_step=s.episodes_per_step, lr=s.lr, seed=s.seed,
-                       pad_id=tokenizer.pad_token_id, warmup_frac=s.warmup_frac, weight_decay=s.weight_decay,
-                       grad_clip=s.grad_clip, micro_batch_tokens=s.micro_batch_tokens, progress=progress)
+    sft = SFTSettings(steps=s.steps, episodes_per_step=s.episodes_per_step, lr=s.lr, seed=s.seed,
+                      warmup_frac=s.warmup_frac, weight_decay=s.weight_decay, grad_clip=s.grad_clip,
+                      micro_batch_tokens=s.micro_batch_tokens)
+    losses = train_sft(model, demos.episodes, sft, pad_id=tokenizer.pad_token_id, token_weights=weights,
+                       progress=progress)
     t_end = time.perf_counter()
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

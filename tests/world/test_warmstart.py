@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mopd.cli import main
-from mopd.data.sft import micro_batches, sft_loss_sum, shared_prefix_len, train_sft
+from mopd.data.sft import SFTSettings, micro_batches, sft_loss_sum, shared_prefix_len, train_sft
 from mopd.data.tinyworld import load_split
 from mopd.data.warmstart import build_pi0, make_demonstrations, read_pi0
 
@@ -90,7 +90,7 @@ def test_a_few_sft_steps_on_demonstrations_lower_the_loss(world, world_tokenizer
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(world_tokenizer), hidden_size=32, intermediate_size=64,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
                                          head_dim=16, tie_word_embeddings=True))
-    losses = train_sft(model, demos.episodes, steps=8, episodes_per_step=2, lr=2e-2, seed=0,
+    losses = train_sft(model, demos.episodes, SFTSettings(steps=8, episodes_per_step=2, lr=2e-2, seed=0),
                        pad_id=world_tokenizer.pad_token_id)
     assert len(losses) == 8
     assert sum(losses[-2:]) / 2 < losses[0] - 1.0
