@@ -39,10 +39,11 @@ def summarize(records) -> Dict[str, object]:
 
 
 def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequence[str] = ("cmas", "hmas"),
-                 temperature: float = 0.6, top_p: float = 0.95, seed: int = 0, attempts: int = 1,
+                 temperature: float = 0.6, seed: int = 0, attempts: int = 1,
                  progress: bool = False) -> Dict[str, dict]:
-    """``{workflow: summarize(records)}`` for ``model_dir`` on a split of the world."""
-    from mopd.config import RetrieverConfig
+    """``{workflow: summarize(records)}`` for ``model_dir`` on a split of the world, sampled at
+    ``temperature`` with the evaluation protocol's top-p (``EvalConfig.top_p``)."""
+    from mopd.config import EvalConfig, RetrieverConfig
     from mopd.data.tinyworld import WorldPaths, load_split
     from mopd.data.warmstart import CachedRetriever, workflow_settings
     from mopd.retriever import load_retriever
@@ -55,7 +56,7 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     questions = load_split(paths, split)
     out = {}
     for wf in workflows:
-        settings = workflow_settings(wf, temperature=temperature, top_p=top_p, seed=seed)
+        settings = workflow_settings(wf, temperature=temperature, top_p=EvalConfig.top_p, seed=seed)
         records = run_workflows(engine, retriever, engine.tokenizer, questions, settings, attempts=attempts,
                                 method="pi0-check", progress=progress)
         out[wf] = summarize(records)

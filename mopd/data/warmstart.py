@@ -156,8 +156,7 @@ def tokenizer_texts(world_dir) -> List[str]:
 
 
 def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),
-                        attempts: int = 4, seed: int = 0, style=None, questions=None,
-                        progress: bool = False) -> Demonstrations:
+                        attempts: int = 4, seed: int = 0, style=None, questions=None) -> Demonstrations:
     """Scripted episodes over the training questions (or ``questions``), as training sequences."""
     from mopd.core.scoring import exact_match
     from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
@@ -171,7 +170,7 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
     for wf in workflows:
         settings = workflow_settings(wf, temperature=1.0, top_p=1.0, seed=seed)
         records = run_workflows(engine, retriever, tokenizer, qs, settings, attempts=attempts, method="demo",
-                                progress=progress)
+                                progress=False)
         tokens, cut = 0, 0
         for r in records:
             cut += sum(f == "length" for c in r.calls for f in c.finish_reasons)
