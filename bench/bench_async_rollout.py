@@ -13,6 +13,9 @@ tokens/s of lock-step at the paper's scale, simulated with a calibrated engine c
    Needs a world and a model: ``MOPD_BENCH_WORLD`` (default /tmp/quick/world) and
    ``MOPD_BENCH_MODEL`` (default /tmp/quick/pi0), e.g. from ``mopd demo --quick --out /tmp/quick``.
 
+3. ``test_simulated_waves_of_several_subtasks``: the same step with H-MAS waves of 1-4 subtasks
+   (``rollout_sim.widen``), async with per-Searcher lanes against async whose waves move in steps.
+
 Run: .venv/bin/pytest -q bench/bench_async_rollout.py -s
 The printed numbers go by hand into the "Asynchronous rollout" section of bench/RESULTS.md.
 """
@@ -29,7 +32,18 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rollout_sim import CostModel, Retrieval, compare, load_traces, sample_runs  # noqa: E402
+from rollout_sim import (  # noqa: E402
+    CostModel,
+    Retrieval,
+    compare,
+    load_traces,
+    sample_runs,
+    scaled,
+    searcher_calls,
+    simulate_async,
+    simulate_lockstep,
+    widen,
+)
 
 TRACES = {"pi_0 sampling": Path(__file__).parent / "data" / "tiny_hmas_traces_pi0.json",
           "scripted team": Path(__file__).parent / "data" / "tiny_hmas_traces.json"}
@@ -64,13 +78,57 @@ def test_simulated_stage2_step():
             per_seed = [compare(sample_runs(traces, n, seed, scale, PROMPT_SCALE, PAPER["max_output_tokens"]),
                                 cost, retrieval) for seed in range(3)]
             print(f"-- {name}")
-            for mode in ("lockstep", "async"):
+            for mode in ("lockstep", "async", "async_lanes"):
                 print("   " + _row(mode, per_seed[0][mode]))
             r = [p["async"].tokens_per_s / p["lockstep"].tokens_per_s for p in per_seed]
             print(f"   async / lock-step tokens/s over 3 draws: {', '.join(f'{x:.2f}' for x in r)}")
             if name.startswith("calibrated"):
                 calibrated += r
     assert min(calibrated) > 1.0
+
+
+def test_simulated_waves_of_several_subtasks():
+    """The same Stage II step with waves of k subtasks (:func:`rollout_sim.widen`: each wave of a
+    drawn run gets k-1 more Searcher calls drawn from all the traces' Searcher calls): async with
+    per-Searcher lanes (the implementation) against async whose waves move one step at a time (the
+    implementation before lanes), both against lock-step; 160 runs on one engine, and 20 (the
+    step's runs spread over 8 engines). Medians and ranges over 6 draws."""
+    import random
+    import statistics
+
+    scale = PAPER["max_output_tokens"] / TINY_OUTPUT_CAP
+    variants = {"calibrated": (CostModel(), Retrieval()),
+                "slow retrieval": (CostModel(), Retrieval(base_s=0.5, per_query_s=2e-3))}
+
+    def summary(xs):
+        return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+    for label, path in TRACES.items():
+        traces, _ = load_traces(path)
+        pool = searcher_calls(traces)
+        print(f"\n== {label}: {len(pool)} Searcher calls in the pool; outputs x{scale:g}")
+        for n in (PAPER["questions"] * PAPER["group"], 20):
+            for name, (cost, retrieval) in variants.items():
+                for k in (1, 2, 3, 4):
+                    rows = []
+                    for seed in range(6):
+                        rng = random.Random(seed)
+                        runs = [scaled(widen(rng.choice(traces), k, pool, rng, PAPER["max_steps"]), scale,
+                                       PROMPT_SCALE, PAPER["max_output_tokens"]) for _ in range(n)]
+                        rows.append((simulate_lockstep(runs, cost, retrieval),
+                                     simulate_async(runs, cost, retrieval),
+                                     simulate_async(runs, cost, retrieval, lanes=True)))
+                    assert all(row[2].tokens == row[0].tokens == row[1].tokens for row in rows)
+                    if k == 1:  # a wave of one Searcher moves the same either way
+                        assert all(row[2].wall_s == row[1].wall_s for row in rows)
+                    steps = [row[1].tokens_per_s / row[0].tokens_per_s for row in rows]
+                    lanes = [row[2].tokens_per_s / row[0].tokens_per_s for row in rows]
+                    gain = [row[2].tokens_per_s / row[1].tokens_per_s for row in rows]
+                    print(f"{n:4d} runs, {name:14s}, {k} subtask(s): async/lock-step tokens/s, "
+                          f"waves in steps {summary(steps)}, lanes {summary(lanes)}; "
+                          f"lanes/steps {summary(gain)}; busy "
+                          f"{statistics.median(r[1].busy_fraction for r in rows):.1%} -> "
+                          f"{statistics.median(r[2].busy_fraction for r in rows):.1%}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,11 +23,19 @@ Schedulers, as implemented in ``mopd.rollout``:
   last sequence finishes; then all searches go as one batch; then the next round;
 - async (:mod:`mopd.rollout.async_scheduler`): a run submits its turns the moment its previous step
   (turns and searches) is done; sequences join the running batch at the next engine step; searches
-  are micro-batched by free retrieval workers while the engine keeps decoding.
+  are micro-batched by free retrieval workers while the engine keeps decoding. With ``lanes`` (the
+  implementation since per-Searcher lanes, :mod:`mopd.rollout.lanes`) the Searchers of an H-MAS
+  wave each go on their own: a Searcher's next turn is submitted when its own turn and search are
+  done, and the Leader's step starts when the whole wave has ended; without, a wave moves one
+  step at a time (its slowest Searcher's turn and search hold the others).
+
+Traces note each turn's agent (call id) and the searches it asked for, so a wave's Searchers can be
+told apart; :func:`widen` makes waves of several subtasks out of one-subtask traces.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import random
@@ -46,6 +54,10 @@ class TurnTrace:
     """Prompt tokens in all (what each decode step attends to, before the generated ones)."""
     outputs: List[int]
     """Generated tokens of each sample (n > 1: the Answerer's candidates)."""
+    agent: str = ""
+    """The call's id ('l0', 's0.1', 'a0'; empty in traces recorded without it)."""
+    searches: int = 0
+    """Searches this turn asked for (run after it)."""
 
 
 @dataclass
@@ -77,6 +89,7 @@ def trace_runs(engine, retriever, tokenizer, questions, settings, attempts: int 
     active = list(range(len(runs)))
     while active:
         turns = {i: runs[i].begin_step() for i in active}
+        owners: Dict[int, list] = {i: [] for i in active}
         flat = [t for i in active for t in turns[i]]
         outs = []
         for s in range(0, len(flat), settings.max_batch_calls):
@@ -87,13 +100,15 @@ def trace_runs(engine, retriever, tokenizer, questions, settings, attempts: int 
             for t in turns[i]:
                 completions = next(outs_of)
                 owner = getattr(t.deliver, "__self__", t)
+                owners[i].append(owner)
                 agents.append(owner)
                 agent, ids = id(owner), t.request.prompt_ids
                 cached = seen.get(agent)
                 if cached is None:  # a first turn: the engine's prefix cache holds the role's system prompt
                     cached = _common_prefix(first.setdefault(type(owner).__name__, ids), ids)
                 step.turns.append(TurnTrace(prefill=len(ids) - min(cached, len(ids) - 1), context=len(ids),
-                                            outputs=[len(c.token_ids) for c in completions]))
+                                            outputs=[len(c.token_ids) for c in completions],
+                                            agent=_agent_name(owner)))
                 seen[agent] = len(ids) + len(completions[0].token_ids)
                 t.deliver(completions)
             traces[i].steps.append(step)
@@ -105,9 +120,20 @@ def trace_runs(engine, retriever, tokenizer, questions, settings, attempts: int 
                 need.deliver(passages)
         for i in active:
             traces[i].steps[-1].searches = len(needs[i])
+            for need in needs[i]:  # the turn of the agent that asked for it
+                who = getattr(need.deliver, "__self__", None)
+                for turn, owner in zip(traces[i].steps[-1].turns, owners[i]):
+                    turn.searches += owner is who
             runs[i].end_step()
         active = [i for i in active if not runs[i].done]
     return traces
+
+
+def _agent_name(owner) -> str:
+    """The call id of a turn's owner: a wave lane's Searcher, a Leader or Searcher, an Answerer request."""
+    agent = getattr(owner, "searcher", owner)
+    call = getattr(agent, "call", None)
+    return call.call_id if call is not None else getattr(agent, "prefix", "")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -132,8 +158,8 @@ def scaled(trace: RunTrace, output_scale: float, prompt_scale: float, cap: int) 
     """Token counts scaled (outputs capped at ``cap``), at least one token each."""
     s = lambda n, f: max(1, round(n * f))  # noqa: E731
     def turn(t: TurnTrace) -> TurnTrace:
-        return TurnTrace(s(t.prefill, prompt_scale), s(t.context, prompt_scale),
-                         [min(cap, s(o, output_scale)) for o in t.outputs])
+        return dataclasses.replace(t, prefill=s(t.prefill, prompt_scale), context=s(t.context, prompt_scale),
+                                   outputs=[min(cap, s(o, output_scale)) for o in t.outputs])
 
     return RunTrace([StepTrace([turn(t) for t in st.turns], st.searches) for st in trace.steps])
 
@@ -221,11 +247,11 @@ class _Engine:
         return dt, done
 
 
-def _seqs(run: int, step: StepTrace) -> List[_Seq]:
+def _seqs(owner, turns: Sequence[TurnTrace]) -> list[_Seq]:
     out = []
-    for t in step.turns:
+    for t in turns:
         for j, o in enumerate(t.outputs):  # samples of one request share the prefill
-            out.append(_Seq(run, o, t.context, t.prefill if j == 0 else 0))
+            out.append(_Seq(owner, o, t.context, t.prefill if j == 0 else 0))
     return out
 
 
@@ -235,7 +261,7 @@ def simulate_lockstep(runs: Sequence[RunTrace], cost: CostModel, retrieval: Retr
     engine = _Engine(cost)
     rounds = max(len(r.steps) for r in runs)
     for k in range(rounds):
-        seqs = [s for i, r in enumerate(runs) if k < len(r.steps) for s in _seqs(i, r.steps[k])]
+        seqs = [s for i, r in enumerate(runs) if k < len(r.steps) for s in _seqs(i, r.steps[k].turns)]
         tokens += sum(s.left for s in seqs)
         for start in range(0, len(seqs), max_batch_calls):  # one generate() per chunk, in turn
             engine.waiting.extend(seqs[start:start + max_batch_calls])
@@ -248,42 +274,90 @@ def simulate_lockstep(runs: Sequence[RunTrace], cost: CostModel, retrieval: Retr
     return SimResult(t, engine.busy, tokens, engine.steps, engine.row_seconds / engine.busy)
 
 
-def simulate_async(runs: Sequence[RunTrace], cost: CostModel, retrieval: Retrieval) -> SimResult:
+Action = tuple[Sequence[TurnTrace], int]
+"""Turns submitted together, and the searches run once they are all done."""
+
+
+def plan(trace: RunTrace, lanes: bool) -> list[list[list[Action]]]:
+    """A run as the async scheduler drives it: segments one after the other; each segment a list of
+    lanes that go side by side; each lane a list of actions. A step is a segment of one lane of one
+    action; with ``lanes``, the consecutive steps of a wave (every turn a Searcher's) are one segment
+    with a lane per Searcher, each turn its own action."""
+    segments: list[dict[str, list[Action]]] = []
+    wave: dict[str, list[Action]] | None = None
+    for step in trace.steps:
+        if lanes and all(t.agent.startswith("s") for t in step.turns):
+            if wave is None:
+                wave = {}
+                segments.append(wave)
+            for t in step.turns:
+                wave.setdefault(t.agent, []).append(([t], t.searches))
+        else:
+            wave = None
+            segments.append({"": [(step.turns, step.searches)]})
+    return [list(seg.values()) for seg in segments]
+
+
+def simulate_async(runs: Sequence[RunTrace], cost: CostModel, retrieval: Retrieval, lanes: bool = False
+                   ) -> SimResult:
     t, tokens = 0.0, 0
     engine = _Engine(cost)
-    step_of = [0] * len(runs)
-    open_seqs = [0] * len(runs)
-    search_queue: List[int] = []  # runs whose searches wait for a worker
-    in_flight: List[Tuple[float, int, List[int]]] = []  # (end time, tie, runs) of running retrieval batches
+    plans = [plan(r, lanes) for r in runs]
+    segment_of = [0] * len(runs)
+    lanes_left = [0] * len(runs)
+    action_of: dict[tuple[int, int], int] = {}  # (run, lane) -> its current action
+    open_seqs: dict[tuple[int, int], int] = {}
+    search_queue: list[tuple[int, int]] = []  # lanes whose searches wait for a worker
+    in_flight: list[tuple[float, int, list[tuple[int, int]]]] = []  # (end, tie, lanes): retrieval batches
     tie = 0
 
-    def start_step(i: int) -> None:
-        nonlocal tokens
-        if step_of[i] >= len(runs[i].steps):
+    def action(key: tuple[int, int]) -> Action:
+        i, j = key
+        return plans[i][segment_of[i]][j][action_of[key]]
+
+    def start_segment(i: int) -> None:
+        if segment_of[i] >= len(plans[i]):
             return
-        seqs = _seqs(i, runs[i].steps[step_of[i]])
-        open_seqs[i] = len(seqs)
+        lanes_left[i] = len(plans[i][segment_of[i]])
+        for j in range(lanes_left[i]):
+            action_of[(i, j)] = 0
+            start_action((i, j))
+
+    def start_action(key: tuple[int, int]) -> None:
+        nonlocal tokens
+        seqs = _seqs(key, action(key)[0])
+        open_seqs[key] = len(seqs)
         tokens += sum(s.left for s in seqs)
         engine.waiting.extend(seqs)
 
-    def after_turns(i: int) -> None:
-        if runs[i].steps[step_of[i]].searches:
-            search_queue.append(i)
+    def next_action(key: tuple[int, int]) -> None:
+        i, j = key
+        action_of[key] += 1
+        if action_of[key] < len(plans[i][segment_of[i]][j]):
+            start_action(key)
+            return
+        lanes_left[i] -= 1
+        if lanes_left[i] == 0:
+            segment_of[i] += 1
+            start_segment(i)
+
+    def after_turns(key: tuple[int, int]) -> None:
+        if action(key)[1]:
+            search_queue.append(key)
         else:
-            step_of[i] += 1
-            start_step(i)
+            next_action(key)
 
     def dispatch() -> None:
         nonlocal tie
         while search_queue and len(in_flight) < retrieval.workers:
             batch = list(search_queue)
             search_queue.clear()
-            q = sum(runs[i].steps[step_of[i]].searches for i in batch)
+            q = sum(action(key)[1] for key in batch)
             tie += 1
             heapq.heappush(in_flight, (t + retrieval.latency(q), tie, batch))
 
     for i in range(len(runs)):
-        start_step(i)
+        start_segment(i)
     while not engine.idle() or in_flight or search_queue:
         dispatch()
         if engine.idle():
@@ -297,10 +371,52 @@ def simulate_async(runs: Sequence[RunTrace], cost: CostModel, retrieval: Retriev
                     after_turns(s.run)
         while in_flight and in_flight[0][0] <= t:
             _, _, batch = heapq.heappop(in_flight)
-            for i in batch:
-                step_of[i] += 1
-                start_step(i)
+            for key in batch:
+                next_action(key)
     return SimResult(t, engine.busy, tokens, engine.steps, engine.row_seconds / engine.busy)
+
+
+def widen(trace: RunTrace, subtasks: int, pool: Sequence[list[TurnTrace]], rng: random.Random,
+          max_steps: int) -> RunTrace:
+    """``trace`` with ``subtasks`` Searchers in every wave: its own and ``subtasks``-1 Searcher calls
+    drawn from ``pool`` (each its turns, as recorded), all starting with the wave. A wave lasts as
+    long as its longest Searcher; as in the workflow, a Searcher still going at step max_steps-2
+    reports there (its later turns are dropped, that turn searches nothing) and a Leader at step
+    max_steps-2 or later selects (its later waves and turns are dropped). The Leader's and the
+    Answerer's turns are kept as recorded (their prompts do not grow with the extra reports)."""
+    segments = plan(trace, lanes=True)
+    out = RunTrace()
+    answer = segments[-1][0][0][0]
+    for seg in segments[:-1]:
+        step = len(out.steps) + 1
+        if len(seg) == 1 and len(seg[0]) == 1 and not seg[0][0][0][0].agent.startswith("s"):  # Leader
+            out.steps.append(StepTrace(list(seg[0][0][0]), seg[0][0][1]))
+            if step >= max_steps - 2:
+                break
+            continue
+        lanes = [[t for turns, _ in lane for t in turns] for lane in seg]
+        lanes += [rng.choice(pool) for _ in range(subtasks - len(lanes))]
+        room = max_steps - 2 - step + 1
+        for k in range(max(min(len(lane), room) for lane in lanes)):
+            turns = []
+            for j, lane in enumerate(lanes):
+                if k < min(len(lane), room):
+                    forced = k == room - 1 and len(lane) > room
+                    turns.append(dataclasses.replace(lane[k], agent=f"s{step}.{j}",
+                                                     searches=0 if forced else lane[k].searches))
+            out.steps.append(StepTrace(turns, sum(t.searches for t in turns)))
+    out.steps.append(StepTrace(list(answer), 0))
+    return out
+
+
+def searcher_calls(traces: Sequence[RunTrace]) -> list[list[TurnTrace]]:
+    """Every Searcher call of ``traces``: its turns, in order."""
+    calls = []
+    for trace in traces:
+        for seg in plan(trace, lanes=True):
+            if seg[0][0][0][0].agent.startswith("s"):
+                calls += [[t for turns, _ in lane for t in turns] for lane in seg]
+    return calls
 
 
 def sample_runs(traces: Sequence[RunTrace], n: int, seed: int, output_scale: float, prompt_scale: float,
@@ -313,4 +429,5 @@ def compare(runs: Sequence[RunTrace], cost: Optional[CostModel] = None, retrieva
             ) -> Dict[str, SimResult]:
     cost, retrieval = cost or CostModel(), retrieval or Retrieval()
     return {"lockstep": simulate_lockstep(runs, cost, retrieval),
-            "async": simulate_async(runs, cost, retrieval)}
+            "async": simulate_async(runs, cost, retrieval),
+            "async_lanes": simulate_async(runs, cost, retrieval, lanes=True)}
