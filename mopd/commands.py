@@ -72,9 +72,11 @@ def _register_demo(sub) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="N",
                    help="run the demo on each seed (OUT/seedN, finished stages reused; OUT defaults to "
                         "runs/demo_seeds) and write OUT/summary.md: per claim, on how many seeds it holds "
-                        "and the pooled effect (bootstrap over seeds and questions)")
+                        "and the pooled effect (bootstrap over seeds and questions); config overrides go "
+                        "before it")
     p.add_argument("--world", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="world settings, e.g. test_per_dataset=100 bands=400 (see mopd.data.tinyworld.WorldSettings)")
+                   help="world settings, e.g. test_per_dataset=100 bands=400 (see mopd.data.tinyworld.WorldSettings; "
+                        "config overrides go before it)")
     p.add_argument("--stage2-questions", type=int, default=None,
                    help="Stage II questions per step (default: the tiny_mopd preset's)")
     p.add_argument("--eval-split", default="test", choices=["test", "dev"],
