@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 from mopd.rollout.async_engine import BatchingFront
-from mopd.rollout.async_scheduler import drive_runs, run_workflows_async
+from mopd.rollout.async_scheduler import RunCounter, drive_runs, run_workflows_async
 from mopd.rollout.lanes import Lane, merge_events
 from mopd.rollout.run_state import RunContext, WorkflowSettings
 from mopd.rollout.scheduler import new_run, run_workflows
@@ -113,11 +113,13 @@ def test_a_searcher_does_not_wait_for_the_slow_searches_of_its_wave(tokenizer):
     runs = [new_run("hmas", q, 0, tokenizer, SETTINGS, "m") for q in questions(2)]
     timer = threading.Timer(5.0, searches.release)  # a scheduler that waits on A fails, not hangs
     timer.start()
+    counter = RunCounter()
     try:
-        assert asyncio.run(drive_runs(runs, front, searches)) == 0
+        assert asyncio.run(drive_runs(runs, front, searches, counter=counter)) == 0
     finally:
         timer.cancel()
         front.front.close()
+    assert counter.away == 0
     log = front.log
     a2 = log.index(("searcher", "A", 2))
     assert all(log.index(("searcher", "C", t)) < a2 for t in (2, 3, 4))  # C's turns 2-4 went first
@@ -132,6 +134,44 @@ def test_a_searcher_does_not_wait_for_the_slow_searches_of_its_wave(tokenizer):
     assert [(e.step, e.call_id) for e in rec.events_of("search")] == [
         (2, "s0.0"), (2, "s0.2"), (3, "s0.0"), (3, "s0.2"), (4, "s0.0"), (4, "s0.2")]
     assert [(e.step, e.call_id) for e in rec.events_of("report")] == [(2, "s0.1"), (5, "s0.0"), (5, "s0.2")]
+
+
+class FailingA(GatedRetrieval):
+    """Subtask A's searches fail; the others are answered at once."""
+
+    def submit(self, query):
+        if query.startswith("A"):
+            fut = Future()
+            fut.set_exception(ConnectionError("no index"))
+            return fut
+        return super().submit(query)
+
+
+def test_a_failed_search_ends_its_run_and_cancels_the_other_lanes(tokenizer):
+    from .helpers import questions
+
+    respond = wave_policy({"A": 1, "C": 3, "D": 1},
+                          {0: ["<subtask>C</subtask><subtask>A</subtask>", "<select>1</select>"],
+                           1: ["<subtask>D</subtask>", "<select>1</select>"]})
+    engine = ScriptedEngine(tokenizer, respond)
+    front = LoggedFront(BatchingFront(engine), engine)
+    runs = [new_run("hmas", q, 0, tokenizer, SETTINGS, "m") for q in questions(2)]
+    counter = RunCounter()
+
+    async def main():
+        failed = await drive_runs(runs, front, FailingA(), counter=counter)
+        return failed, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    try:
+        failed, left = asyncio.run(main())
+    finally:
+        front.front.close()
+    assert failed == 1 and left == [] and counter.away == 0
+    rec = runs[0].ctx.record
+    last = rec.events[-1]
+    assert (last.kind, last.step, last.text) == ("limit", 2, "retrieval: ConnectionError: no index")
+    assert rec.steps == 2 and rec.final_answer is None  # C's lane was cancelled with its run
+    assert comparable([r.ctx.record for r in runs[1:]]) == comparable(lockstep_records(tokenizer, respond, 2)[1:])
 
 
 @pytest.mark.parametrize("slow", ["A", "C"])
