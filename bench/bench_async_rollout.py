@@ -222,7 +222,7 @@ def _alternate(retriever, label: str, retrieval_workers: int) -> None:
     questions = load_split(WorldPaths.of(WORLD), "train")[:int(os.environ.get("MOPD_BENCH_QUESTIONS", "16"))]
     settings = WorkflowSettings(workflow="hmas", max_steps=8, max_rounds=3, max_input_tokens=2048,
                                 max_output_tokens=TINY_OUTPUT_CAP, answer_candidates=4, temperature=0.6,
-                                seed=0)
+                                seed=0, retrieval_workers=retrieval_workers)
     attempts = int(os.environ.get("MOPD_BENCH_ATTEMPTS", "4"))
     results = {"lockstep": [], "async": []}
     print(f"\n{label}: {len(questions)} questions x {attempts} H-MAS runs")
@@ -237,8 +237,7 @@ def _alternate(retriever, label: str, retrieval_workers: int) -> None:
                 busy, rows = metered.busy / wall, metered.row_seconds / max(metered.busy, 1e-9)
             else:
                 recs = run_workflows_async(engine, retriever, engine.tokenizer, questions, settings,
-                                           attempts=attempts, progress=False,
-                                           retrieval_workers=retrieval_workers)
+                                           attempts=attempts, progress=False)
                 wall = time.perf_counter() - start
                 busy, rows = recs.stats.busy_fraction, recs.stats.mean_batch_rows
             tokens = sum(x.output_tokens for x in recs)

@@ -64,8 +64,8 @@ class EvalPlan:
     def fixed_settings(self) -> dict:
         """What must not change between the starts of one run (the batching knobs change no record)."""
         fixed = dataclasses.asdict(self.settings)
-        fixed.pop("max_batch_calls")
-        fixed.pop("max_active_runs")
+        for knob in ("max_batch_calls", "max_active_runs", "retrieval_workers", "retrieval_timeout_s"):
+            fixed.pop(knob)
         model = {f"model_{k}": v for k, v in self.model.items()}
         return {"attempts": self.attempts, "method": self.method, **model, **fixed}
 

@@ -220,16 +220,11 @@ async def drive_runs(runs, engine, retrieval, *, max_active_runs: Optional[int] 
 
 
 def run_workflows_async(engine, retriever, tokenizer, questions, settings: WorkflowSettings, *, attempts: int,
-                        method: str = "", progress: bool = True, max_active_runs: Optional[int] = None,
-                        retrieval_timeout_s: Optional[float] = None, retrieval_workers: int = 1
-                        ) -> List[WorkflowRecord]:
+                        method: str = "", progress: bool = True) -> List[WorkflowRecord]:
     """Run ``attempts`` workflows of ``settings.workflow`` on every question, asynchronously; a
     :class:`RolloutRecords` list (records question by question, attempts in order) whose ``stats``
-    says how the time went. Same arguments as :func:`mopd.rollout.scheduler.run_workflows`, plus:
-
-    ``retrieval_timeout_s``: a search call not answered by then fails its runs (default: wait);
-    ``retrieval_workers``: search calls in flight at once (1 for an in-process index, a few for an
-    HTTP server).
+    says how the time went. Same arguments as :func:`mopd.rollout.scheduler.run_workflows`; the
+    settings' ``retrieval_workers`` and ``retrieval_timeout_s`` shape the retrieval front.
     """
     runs = new_runs(questions, attempts, tokenizer, settings, method)
     engine.reset_prefix_cache()  # cached prefixes may predate the weights
@@ -240,11 +235,11 @@ def run_workflows_async(engine, retriever, tokenizer, questions, settings: Workf
         bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
     counter = RunCounter()
     front = engine_front(engine, max_batch_calls=settings.max_batch_calls, others=counter)
-    searches = RetrievalFront(retriever, settings.topk, workers=retrieval_workers,
-                              timeout_s=retrieval_timeout_s, fatal=FATAL_RETRIEVAL_ERRORS)
+    searches = RetrievalFront(retriever, settings.topk, workers=settings.retrieval_workers,
+                              timeout_s=settings.retrieval_timeout_s or None, fatal=FATAL_RETRIEVAL_ERRORS)
     start = time.perf_counter()
     try:
-        failed = asyncio.run(drive_runs(runs, front, searches, max_active_runs=max_active_runs, progress=bar,
+        failed = asyncio.run(drive_runs(runs, front, searches, max_active_runs=settings.max_active_runs or None, progress=bar,
                                         counter=counter))
     finally:
         wall = time.perf_counter() - start

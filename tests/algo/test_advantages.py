@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from builders import call, record
 
 from mopd.algo.advantages import (
     call_token_signals,
@@ -10,6 +9,7 @@ from mopd.algo.advantages import (
     role_advantages,
 )
 from mopd.core.roles import role_id
+from tests.helpers.records import call, record
 
 
 def test_group_normalize_by_hand():

@@ -1,9 +1,9 @@
 import pytest
-from builders import call, record, search
 
 from mopd.algo.critic import parse_verdict, render_judge_prompt
 from mopd.algo.diagnostics import batch_diagnostics
 from mopd.core.records import Event
+from tests.helpers.records import call, record, search
 
 
 @pytest.mark.parametrize("text,v", [

@@ -1,5 +1,4 @@
 import pytest
-from builders import call, record, search
 
 from mopd.algo.rewards import (
     assignment_reward,
@@ -13,6 +12,7 @@ from mopd.algo.rewards import (
 )
 from mopd.config import RewardConfig, resolve
 from mopd.core.records import Event
+from tests.helpers.records import call, record, search
 
 
 def test_team_outcome():

@@ -4,13 +4,13 @@ the fused loss (reference backend), checked against the formulas computed by han
 import math
 
 import torch
-from builders import call, record, search
 
 from mopd.algo.advantages import call_token_signals, role_advantages, role_specs
 from mopd.algo.rewards import kl_in_reward, role_rewards
 from mopd.config import resolve
 from mopd.core.roles import role_id
 from mopd.kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
+from tests.helpers.records import call, record, search
 
 
 def test_stage2_batch_loss_equals_hand_computation():

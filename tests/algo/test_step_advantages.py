@@ -4,13 +4,13 @@ against numbers worked out by hand; the critic's items and team EM."""
 import math
 
 import pytest
-from builders import call, record
 
 from mopd.algo.advantages import step_advantages
 from mopd.algo.critic import judge_items, verdicts_by_call
 from mopd.algo.rewards import team_em
 from mopd.config import resolve
 from mopd.core.records import Event
+from tests.helpers.records import call, record
 
 
 def _hmas(attempt, cands, group="nq/q1#0"):

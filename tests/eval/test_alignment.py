@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from mopd.eval.alignment import EvalError, align_runs
-
-from .records_factory import WRONG, make_record, right
+from tests.helpers.eval_records import WRONG, make_record, right
 
 
 def _run(qids, attempts=4, dataset="nq"):

@@ -4,8 +4,7 @@ import pytest
 
 from mopd.eval.costs import record_costs, relative_change
 from mopd.eval.summary import summarize
-
-from .records_factory import make_record, right
+from tests.helpers.eval_records import make_record, right
 
 
 def test_record_costs_counts_each_field():

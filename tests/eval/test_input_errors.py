@@ -4,8 +4,7 @@ import pytest
 
 from mopd.cli import main
 from mopd.core.records import write_records
-
-from .records_factory import make_record, right
+from tests.helpers.eval_records import make_record, right
 
 
 def _err(capsys):

@@ -7,8 +7,7 @@ import pytest
 from mopd.core.records import AgentCall, RecordError, Segment, read_records, write_records
 from mopd.eval.loading import load_runs, read_eval_records
 from mopd.eval.summary import summarize
-
-from .records_factory import WRONG, make_record, right
+from tests.helpers.eval_records import WRONG, make_record, right
 
 
 def _records():

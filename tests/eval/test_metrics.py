@@ -16,8 +16,7 @@ from mopd.eval.metrics import (
     score_record,
 )
 from mopd.eval.summary import summarize
-
-from .records_factory import WRONG, make_record, right
+from tests.helpers.eval_records import WRONG, make_record, right
 
 
 def _system_a():

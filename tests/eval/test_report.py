@@ -8,8 +8,7 @@ from mopd.cli import main
 from mopd.core.records import write_records
 from mopd.eval.collapse import collapse_table
 from mopd.eval.plots import read_training_log, validation_curve_plot
-
-from .records_factory import WRONG, make_record, right
+from tests.helpers.eval_records import WRONG, make_record, right
 
 
 def test_collapse_table_by_hand():

@@ -10,8 +10,7 @@ from mopd.core.qa import QAExample, write_questions
 from mopd.eval.alignment import EvalError
 from mopd.eval.runner import EvalPlan, run_evaluation
 from mopd.rollout.run_state import WorkflowSettings
-
-from .records_factory import make_record, right
+from tests.helpers.eval_records import make_record, right
 
 
 def _fake_rollout(engine, retriever, tokenizer, questions, settings, *, attempts, method="", progress=True):

@@ -10,8 +10,7 @@ from mopd.core.records import read_records
 from mopd.eval.alignment import EvalError
 from mopd.eval.runner import EvalPlan, read_finished, run_evaluation
 from mopd.rollout.run_state import WorkflowSettings
-
-from .records_factory import make_record, right
+from tests.helpers.eval_records import make_record, right
 
 
 class FakeRollout:

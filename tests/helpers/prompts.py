@@ -1,33 +1,8 @@
-"""Test doubles for the workflow state machines: an in-memory retriever with the real retriever's
-interface, prompt inspection helpers, and the package's ScriptedEngine."""
+"""Reading a decoded prompt in scripted policies: which role, which turn, which field."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import List
-
-from mopd.rollout.scripted_engine import ScriptedEngine  # noqa: F401 (re-exported for the tests)
-
-
-@dataclass
-class FakePassage:
-    id: str
-    title: str
-    text: str
-    score: float = 0.0
-
-
-class FakeRetriever:
-    """Returns k made-up passages per query (ids name the query); logs every batch."""
-
-    def __init__(self):
-        self.batches: List[List[str]] = []
-
-    def search(self, queries, k):
-        self.batches.append(list(queries))
-        return [[FakePassage(id=f"{q}#{i}", title=f"T{i}", text=f"passage {i} about {q}") for i in range(k)]
-                for q in queries]
 
 
 def role_of(prompt: str) -> str:

@@ -1,21 +1,4 @@
-"""A deterministic in-memory retriever with the project's retriever interface."""
-
-from mopd.retriever import Passage
-
-
-class FakeRetriever:
-    def __init__(self, fail_after=None):
-        self.calls = 0
-        self.fail_after = fail_after
-
-    def search(self, queries, k):
-        from mopd.retriever import RetrieverUnavailable
-
-        self.calls += 1
-        if self.fail_after is not None and self.calls > self.fail_after:
-            raise RetrieverUnavailable("http://127.0.0.1:1 (test): connection refused")
-        return [[Passage(id=f"{abs(hash(q)) % 97}-{j}", title=f"T{j}", text=f"town {j} text", score=1.0 - j / 10)
-                 for j in range(k)] for q in queries]
+"""Config overrides of a tiny, fast training run (tests of the trainer)."""
 
 
 def tiny_overrides(model_dir, qa_file, out_dir, **extra):

@@ -7,8 +7,8 @@ import itertools
 from mopd.core.qa import QAExample
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
-
-from .fakes import FakeRetriever, ScriptedEngine
+from mopd.rollout.scripted_engine import ScriptedEngine
+from tests.helpers.retrievers import FakeRetriever
 
 
 def questions(n=1):

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from kernel_cases import make_batch
 
 from mopd.kernels import (
     LossInputs,
@@ -14,6 +13,7 @@ from mopd.kernels import (
     stats_to_floats,
 )
 from mopd.kernels.terms import STAT_NAMES, token_terms
+from tests.helpers.kernel_cases import make_batch
 
 SPECS = [RoleSpec("outcome"), RoleSpec("opd", kl_coef=0.1)]
 

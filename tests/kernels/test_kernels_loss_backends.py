@@ -6,9 +6,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import BACKENDS, assert_close_grads, assert_close_stats, make_batch, rel_err, run_loss
 
 from mopd.kernels import RoleSpec
+from tests.helpers.kernel_cases import (
+    BACKENDS,
+    assert_close_grads,
+    assert_close_stats,
+    make_batch,
+    rel_err,
+    run_loss,
+)
 
 MIXED = [
     RoleSpec("outcome", entropy_coef=0.01, kl_coef=0.1, kl_type="k3", name="leader"),

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import make_batch
 
 import mopd.kernels
 from mopd.kernels import (
@@ -18,6 +17,7 @@ from mopd.kernels import (
     fused_linear_policy_loss,
     stats_to_floats,
 )
+from tests.helpers.kernel_cases import make_batch
 
 SPECS = [RoleSpec("outcome", entropy_coef=0.01, name="leader"), RoleSpec("opd", kl_coef=0.1)]
 

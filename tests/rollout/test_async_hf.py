@@ -14,9 +14,9 @@ import torch
 from mopd.rollout.async_scheduler import run_workflows_async
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.workflows import questions
 
-from .fakes import FakeRetriever
-from .helpers import questions
 from .test_hf_workflows import STEER, BigramSteer
 
 

@@ -14,8 +14,10 @@ from mopd.rollout.async_scheduler import RunCounter, drive_runs, run_workflows_a
 from mopd.rollout.lanes import Lane, merge_events
 from mopd.rollout.run_state import RunContext, WorkflowSettings
 from mopd.rollout.scheduler import new_run, run_workflows
+from mopd.rollout.scripted_engine import ScriptedEngine
+from tests.helpers.prompts import field, role_of, turn_of
+from tests.helpers.retrievers import FakeRetriever
 
-from .fakes import FakeRetriever, ScriptedEngine, field, role_of, turn_of
 from .test_async_scheduler import SlowRetriever, comparable
 from .test_hmas import policy
 
@@ -43,7 +45,7 @@ def wave_policy(searches, leader):
 
 
 def lockstep_records(tokenizer, respond, n_questions, settings=SETTINGS):
-    from .helpers import questions
+    from tests.helpers.workflows import questions
 
     return run_workflows(ScriptedEngine(tokenizer, respond), FakeRetriever(), tokenizer, questions(n_questions),
                          settings, attempts=1, method="m", progress=False)
@@ -97,7 +99,7 @@ def test_a_searcher_does_not_wait_for_the_slow_searches_of_its_wave(tokenizer):
     with fast retrieval. Run 1 delegates one subtask (D, reports at once). A's first search is held
     until C's last turn and run 1's Answerer have been submitted: with per-Searcher lanes they are
     (rounds would hold C's second turn behind A's search)."""
-    from .helpers import questions
+    from tests.helpers.workflows import questions
 
     respond = wave_policy({"A": 3, "B": 0, "C": 3, "D": 0},
                           {0: ["<subtask>A</subtask><subtask>B</subtask><subtask>C</subtask>", "<select>1,3</select>"],
@@ -148,7 +150,7 @@ class FailingA(GatedRetrieval):
 
 
 def test_a_failed_search_ends_its_run_and_cancels_the_other_lanes(tokenizer):
-    from .helpers import questions
+    from tests.helpers.workflows import questions
 
     respond = wave_policy({"A": 1, "C": 3, "D": 1},
                           {0: ["<subtask>C</subtask><subtask>A</subtask>", "<select>1</select>"],
@@ -179,7 +181,7 @@ def test_searchers_reaching_the_step_limit_at_different_times(tokenizer, slow):
     """A and C search every turn (one of them with slow retrieval), B searches once, D's long
     queries overflow its input limit after two searches: A and C are forced to report at step
     max_steps-2, D ends earlier, and the records are lock-step's."""
-    from .helpers import questions
+    from tests.helpers.workflows import questions
 
     def respond(prompt, params):
         if role_of(prompt) == "searcher":
@@ -196,7 +198,8 @@ def test_searchers_reaching_the_step_limit_at_different_times(tokenizer, slow):
     ref = lockstep_records(tokenizer, respond, 3, settings)
     slow_retriever = SlowRetriever(lambda q: 0.05 if q.startswith(slow) else 0.0)
     got = run_workflows_async(ScriptedEngine(tokenizer, respond), slow_retriever, tokenizer, questions(3),
-                              settings, attempts=1, method="m", progress=False, retrieval_workers=2)
+                              dataclasses.replace(settings, retrieval_workers=2), attempts=1, method="m",
+                              progress=False)
     assert comparable(got) == comparable(ref)
     rec = got[0]
     limits = [(e.step, e.call_id, e.text) for e in rec.events_of("limit")]
@@ -208,7 +211,7 @@ def test_searchers_reaching_the_step_limit_at_different_times(tokenizer, slow):
 def test_the_leader_resumes_at_the_step_its_last_searcher_ended_without_a_turn(tokenizer):
     """When the wave's last Searcher to end is cut by the input limit (no turn at that step), the
     Leader acts at that very step, as in rounds."""
-    from .helpers import questions
+    from tests.helpers.workflows import questions
 
     def respond(prompt, params):
         if role_of(prompt) == "searcher":
@@ -232,10 +235,9 @@ def test_lanes_driven_out_of_order_merge_their_events_into_round_order(tokenizer
     """Two lanes run their sub-steps in an arbitrary interleaving; the merged events are the ones
     rounds emit, in round order, each at its lane's step."""
     from mopd.core.records import WorkflowRecord
+    from mopd.retriever import Passage
     from mopd.rollout.agents import Searcher
-
-    from .fakes import FakePassage
-    from .helpers import questions
+    from tests.helpers.workflows import questions
 
     q = questions(1)[0]
     settings = dataclasses.replace(SETTINGS, max_steps=6)
@@ -255,7 +257,7 @@ def test_lanes_driven_out_of_order_merge_their_events_into_round_order(tokenizer
         turn.deliver([completion_from_text(tokenizer, text, turn.request.params)])
         need = lane.search()
         if need is not None:
-            need.deliver([FakePassage(id=need.query, title="t", text="p")])
+            need.deliver([Passage(id=need.query, title="t", text="p")])
         lane.end_turn()
 
     for i in (1, 1, 0, 0, 0):  # lane 1 runs both its turns before lane 0 starts

@@ -14,9 +14,10 @@ from mopd.rollout.async_retrieval import RetrievalFront
 from mopd.rollout.async_scheduler import drive_runs, run_workflows_async
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import new_run, run_workflows
-
-from .fakes import FakeRetriever, ScriptedEngine, role_of, turn_of
-from .helpers import questions
+from mopd.rollout.scripted_engine import ScriptedEngine
+from tests.helpers.prompts import role_of, turn_of
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.workflows import questions
 
 
 def band(prompt):
@@ -133,8 +134,8 @@ def test_failed_or_hung_retrieval_ends_only_its_run(tokenizer, workflow):
     retriever = FailingRetriever()
     try:
         got = run_workflows_async(ScriptedEngine(tokenizer, uneven), retriever, tokenizer, questions(7),
-                                  settings_for(workflow), attempts=1, method="m", progress=False,
-                                  retrieval_timeout_s=0.6, retrieval_workers=2)
+                                  dataclasses.replace(settings_for(workflow), retrieval_timeout_s=0.6,
+                                                      retrieval_workers=2), attempts=1, method="m", progress=False)
     finally:
         retriever.release.set()
     assert got.stats.failed_runs == 2
@@ -220,7 +221,8 @@ def test_an_unreachable_retriever_fails_the_rollout(tokenizer):
     gone = Gone()
     with pytest.raises(RetrieverUnavailable):
         run_workflows_async(ScriptedEngine(tokenizer, uneven), gone, tokenizer, questions(6),
-                            settings_for("cmas"), attempts=1, progress=False, retrieval_workers=2)
+                            dataclasses.replace(settings_for("cmas"), retrieval_workers=2), attempts=1,
+                            progress=False)
     assert all(len(b) >= 1 for b in gone.batches) and len(gone.batches) <= 2  # no query-by-query retry
     assert not mopd_threads()
 

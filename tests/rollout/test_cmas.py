@@ -2,9 +2,8 @@
 
 from mopd.core.records import WorkflowRecord
 from mopd.rollout import prompts
-
-from .fakes import field, last_user, role_of, turn_of
-from .helpers import check_call_layout, kinds, run_scripted
+from tests.helpers.prompts import field, last_user, role_of, turn_of
+from tests.helpers.workflows import check_call_layout, kinds, run_scripted
 
 
 def searcher_then_answer(searcher_turns, answer="<answer>Town0</answer>"):

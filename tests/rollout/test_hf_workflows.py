@@ -14,9 +14,8 @@ import torch
 from mopd.core.records import read_records, write_records
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
-
-from .fakes import FakeRetriever
-from .helpers import check_call_layout, questions
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.workflows import check_call_layout, questions
 
 
 class BigramSteer:

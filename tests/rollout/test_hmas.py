@@ -3,9 +3,8 @@
 import re
 
 from mopd.rollout import prompts
-
-from .fakes import field, last_user, role_of, turn_of
-from .helpers import check_call_layout, kinds, run_scripted
+from tests.helpers.prompts import field, last_user, role_of, turn_of
+from tests.helpers.workflows import check_call_layout, kinds, run_scripted
 
 
 def policy(leader_turns, searcher=None, answer="<answer>a</answer>", log=None):

@@ -75,9 +75,8 @@ def test_changed_weights_clear_the_store(tiny_dir, tokenizer):
 def test_rollouts_and_weight_loads_leave_no_stale_prefixes(tiny_dir, tokenizer):
     from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
-
-    from .fakes import FakeRetriever
-    from .helpers import questions
+    from tests.helpers.retrievers import FakeRetriever
+    from tests.helpers.workflows import questions
 
     engine = HFEngine.from_pretrained(str(tiny_dir), device="cpu")
     two_turns(engine, tokenizer, 1.0)

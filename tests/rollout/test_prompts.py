@@ -3,10 +3,9 @@
 import pytest
 
 from mopd.core.roles import role_of_prompt
+from mopd.retriever import Passage
 from mopd.rollout import prompts
 from mopd.rollout.chat import ChatTemplateError, chat_format, continuation_ids, render_ids
-
-from .fakes import FakePassage
 
 
 def test_chat_format_is_cut_from_the_template(tokenizer):
@@ -23,7 +22,7 @@ def test_segments_concatenate_to_the_rendered_conversation(tokenizer):
     whole conversation, as text; the ids are those pieces' ids, never a re-tokenisation."""
     first = prompts.render_searcher_prompt(tokenizer, "Q?")
     model = tokenizer.encode("<search>q</search>", add_special_tokens=False) + [tokenizer.eos_token_id]
-    passages = [FakePassage("1", "Oslo", "Oslo is a city."), FakePassage("2", "Bergen", "Rain.")]
+    passages = [Passage("1", "Oslo", "Oslo is a city."), Passage("2", "Bergen", "Rain.")]
     content = prompts.searcher_feedback(passages)
     assert content == "<information>Doc 1(Title: Oslo) Oslo is a city.\nDoc 2(Title: Bergen) Rain.</information>"
     env = continuation_ids(tokenizer, content, after_eos=True)

@@ -4,9 +4,10 @@ import pytest
 
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import new_run, run_steps, run_workflows
-
-from .fakes import FakeRetriever, ScriptedEngine, role_of, turn_of
-from .helpers import questions, run_scripted
+from mopd.rollout.scripted_engine import ScriptedEngine
+from tests.helpers.prompts import role_of, turn_of
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.workflows import questions, run_scripted
 
 
 def two_searches(prompt, params):

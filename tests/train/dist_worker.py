@@ -4,12 +4,12 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fakes import FakeRetriever, tiny_overrides  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: tests.helpers
 
 from mopd.config import resolve  # noqa: E402
 from mopd.train.trainer import PolicyTrainer  # noqa: E402
+from tests.helpers.retrievers import FakeRetriever  # noqa: E402
+from tests.helpers.training import tiny_overrides  # noqa: E402
 
 model_dir, qa, out = sys.argv[1:4]
 resume = len(sys.argv) > 4 and sys.argv[4] == "resume"

@@ -3,7 +3,6 @@ and the trainer trains it for one step without any other file knowing about it."
 
 import pytest
 import torch
-from fakes import FakeRetriever, tiny_overrides
 
 from mopd.config import resolve
 from mopd.core.actions import parse_answerer
@@ -16,6 +15,8 @@ from mopd.rollout.scheduler import run_steps
 from mopd.rollout.scripted_engine import ScriptedEngine
 from mopd.rollout.transcript import Transcript
 from mopd.train.trainer import PolicyTrainer
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.training import tiny_overrides
 
 # --- 1. the role table --------------------------------------------------------------------------
 CHECKER = Role(

@@ -102,9 +102,9 @@ def test_preflight_and_run_identity_know_the_reference(tiny_model_dir, stage1_di
 
 
 def _trainer(preset, model_dir, qa_file, out, **extra):
-    from fakes import FakeRetriever, tiny_overrides
-
     from mopd.train.trainer import PolicyTrainer
+    from tests.helpers.retrievers import FakeRetriever
+    from tests.helpers.training import tiny_overrides
 
     return PolicyTrainer(resolve(preset, tiny_overrides(model_dir, qa_file, out, **extra)), retriever=FakeRetriever(),
                          progress=False)

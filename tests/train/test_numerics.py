@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_distributed import free_port
+from tests.train.test_distributed import free_port
 
 WORKER = Path(__file__).parent / "numerics_worker.py"
 

@@ -4,12 +4,13 @@ import json
 
 import pytest
 import torch
-from fakes import FakeRetriever, tiny_overrides
 
 from mopd.config import resolve
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.train.model import PackedCausalLM
 from mopd.train.trainer import PolicyTrainer, TrainingError
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.training import tiny_overrides
 
 
 def make_trainer(preset, model_dir, qa_file, out, resume=False, retriever=None, **extra):

@@ -9,11 +9,12 @@ import sys
 import time
 
 import pytest
-from fakes import FakeRetriever, tiny_overrides
 
 from mopd.config import resolve
 from mopd.train import checkpoint as ckpt
 from mopd.train.trainer import PolicyTrainer
+from tests.helpers.retrievers import FakeRetriever
+from tests.helpers.training import tiny_overrides
 
 
 def _trainer(model_dir, qa_file, out, resume=False, **extra):

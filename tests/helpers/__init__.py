@@ -1,0 +1,1 @@
+"""Helpers shared by the test folders: record builders, fakes, prompt readers, run settings."""
