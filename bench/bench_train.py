@@ -46,7 +46,7 @@ def setup(tmp_path_factory):
 
 def _packed_step(model, seqs, budget=8192):
     policy = PackedCausalLM(model)
-    plan = pack_sequences([len(s[0]) for s in seqs], budget)[0]
+    plan = pack_sequences([len(s[0]) for s in seqs], budget)
     batches = [build_packed_batch(*zip(*[seqs[i] for i in mb])) for mb in plan]
     n = float(sum(b.loss_tokens for b in batches))
     loss_fn = FusedLinearPolicyLoss(PolicyLossSettings(role_specs=SPECS))

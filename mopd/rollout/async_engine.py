@@ -24,12 +24,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
-from typing import Callable, Deque, List, Optional, Protocol, Tuple
+from typing import Callable, List, Optional, Protocol, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.rollout.rollout_stats import BusyMeter
+from mopd.rollout.work_queue import FrontClosed, WorkQueue  # noqa: F401 (FrontClosed: the fronts' error)
 
 
 class EngineFront(Protocol):
@@ -50,10 +50,6 @@ GATHER_FIRST_S = 0.05
 """Default wait before any call has been timed."""
 
 
-class FrontClosed(RuntimeError):
-    """A request was submitted to (or left pending in) a front that was closed."""
-
-
 def cuda_device_keeper() -> Callable[[], None]:
     """A function that makes the calling thread's CUDA device current in another thread: a new
     thread starts on device 0, while under torchrun each rank's engine lives on its own device."""
@@ -64,7 +60,7 @@ def cuda_device_keeper() -> Callable[[], None]:
     return lambda: torch.cuda.set_device(device)
 
 
-class BatchingFront:
+class BatchingFront(WorkQueue):
     """Batching for a synchronous engine: every ``generate`` call takes all that is pending.
 
     A ``generate`` call runs until its longest sequence ends, so on such an engine small batches
@@ -86,21 +82,10 @@ class BatchingFront:
         self.max_batch_calls = max_batch_calls
         self.others, self.gather_s = others, gather_s
         self.meter = BusyMeter()
-        self._pending: Deque[Tuple[GenerationRequest, Future, float]] = deque()
-        self._cv = threading.Condition()
-        self._closed = False
+        WorkQueue.__init__(self, "request")
         self._on_worker = cuda_device_keeper()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
-
-    def submit(self, request: GenerationRequest) -> "Future[List[Completion]]":
-        fut: Future = Future()
-        with self._cv:
-            if self._closed:
-                raise FrontClosed("the engine front is closed")
-            self._pending.append((request, fut, time.perf_counter()))
-            self._cv.notify()
-        return fut
 
     def _take(self) -> Optional[List[Tuple[GenerationRequest, Future, float]]]:
         """The next batch (oldest first, cut at max_batch_calls rows; one oversized request goes
@@ -159,13 +144,7 @@ class BatchingFront:
 
     def close(self) -> None:
         """Fail what is still pending, let the batch in progress finish, and join the worker."""
-        with self._cv:
-            self._closed = True
-            pending, self._pending = list(self._pending), deque()
-            self._cv.notify_all()
-        for _, fut, _ in pending:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(FrontClosed("the rollout ended before this request ran"))
+        self.close_pending()
         self._thread.join()
 
 

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
-from typing import Deque, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from mopd.rollout.async_engine import FrontClosed
 from mopd.rollout.rollout_stats import BusyMeter
+from mopd.rollout.work_queue import WorkQueue
 
 
-class RetrievalFront:
+class RetrievalFront(WorkQueue):
     """``timeout_s``: a search call that has not answered by then fails with ``TimeoutError`` (the
     call itself is left to finish on its own daemon thread). ``fatal``: error types that say the
     retriever itself is gone (e.g. ``RetrieverUnavailable`` after the client's retries): they fail
@@ -40,9 +39,7 @@ class RetrievalFront:
         self.retriever, self.k, self.max_batch_queries = retriever, k, max_batch_queries
         self.timeout_s, self.name, self.fatal = timeout_s, name, tuple(fatal)
         self.meter = BusyMeter()
-        self._pending: Deque[Tuple[str, Future, float]] = deque()
-        self._cv = threading.Condition()
-        self._closed = False
+        WorkQueue.__init__(self, "search")
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                          for i in range(workers)]
         for t in self._threads:
@@ -50,13 +47,7 @@ class RetrievalFront:
 
     def submit(self, query: str) -> Future:
         """A future of the query's passages (best first)."""
-        fut: Future = Future()
-        with self._cv:
-            if self._closed:
-                raise FrontClosed("the retrieval front is closed")
-            self._pending.append((query, fut, time.perf_counter()))
-            self._cv.notify()
-        return fut
+        return WorkQueue.submit(self, query)
 
     def _take(self) -> Optional[List[Tuple[str, Future, float]]]:
         with self._cv:
@@ -129,13 +120,7 @@ class RetrievalFront:
     def close(self) -> None:
         """Fail what is pending and join the workers (a search in progress finishes or times out
         first; a timed-out call is left behind on its daemon thread)."""
-        with self._cv:
-            self._closed = True
-            pending, self._pending = list(self._pending), deque()
-            self._cv.notify_all()
-        for _, fut, _ in pending:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(FrontClosed("the rollout ended before this search ran"))
+        self.close_pending()
         for t in self._threads:
             t.join()
 

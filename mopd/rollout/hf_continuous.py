@@ -32,10 +32,11 @@ from typing import Deque, List, Optional
 import torch
 
 from mopd.core.generation import Completion, GenerationRequest
-from mopd.rollout.async_engine import FrontClosed, cuda_device_keeper
+from mopd.rollout.async_engine import cuda_device_keeper
 from mopd.rollout.hf_engine import _layer_kv
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
+from mopd.rollout.work_queue import FrontClosed
 
 JOIN_EVERY = 8
 """Decode steps a request waits at most before it joins a running batch (see HFStepFront._admit)."""

@@ -30,37 +30,27 @@ import itertools
 import threading
 import time
 from concurrent.futures import Future
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 from mopd.core.generation import GenerationRequest
-from mopd.rollout.async_engine import FrontClosed, cuda_device_keeper
+from mopd.rollout.async_engine import cuda_device_keeper
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.vllm_engine import completion_from_output
+from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 
-class VLLMStepFront:
+class VLLMStepFront(WorkQueue):
     def __init__(self, engine, *, name: str = "mopd-vllm"):
         self.engine = engine
         self.llm = engine.llm
         self.tokenizer = engine.tokenizer
         self.meter = BusyMeter()
         self._ids = itertools.count()
-        self._pending: List[Tuple[GenerationRequest, Future, float]] = []
         self._running: Dict[str, Tuple[Future, float, int]] = {}
-        self._cv = threading.Condition()
-        self._closed = False
+        WorkQueue.__init__(self, "request")
         self._on_worker = cuda_device_keeper()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
-
-    def submit(self, request: GenerationRequest) -> Future:
-        fut: Future = Future()
-        with self._cv:
-            if self._closed:
-                raise FrontClosed("the engine front is closed")
-            self._pending.append((request, fut, time.perf_counter()))
-            self._cv.notify()
-        return fut
 
     def _add(self, request: GenerationRequest) -> str:
         params = self.engine._params(request.params)
@@ -81,7 +71,7 @@ class VLLMStepFront:
                 self._cv.wait()
             if self._closed:
                 return False
-            new, self._pending = self._pending, []
+            new = self.take_all()
         for request, fut, submitted in new:
             if not fut.set_running_or_notify_cancel():
                 continue
@@ -134,11 +124,5 @@ class VLLMStepFront:
                 self._fail_running(FrontClosed("the rollout ended before this request finished"))
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            pending, self._pending = self._pending, []
-            self._cv.notify_all()
-        for _, fut, _ in pending:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(FrontClosed("the rollout ended before this request ran"))
+        self.close_pending()
         self._thread.join()

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mopd.train.packing import pack_sequences
+from mopd.train.packing import pack_sequences, split_balanced
 
 
 def micro_batch_count(lengths: Sequence[int], budget: int) -> int:
     """How many micro-batches first-fit decreasing needs for ``lengths`` under ``budget`` (0 if none)."""
-    return len(pack_sequences(lengths, budget)[0]) if lengths else 0
+    return len(pack_sequences(lengths, budget)) if lengths else 0
 
 
 def deal_into(lengths: Sequence[int], budget: int, count: int) -> list[list[int]]:
@@ -49,7 +49,7 @@ def deal_into(lengths: Sequence[int], budget: int, count: int) -> list[list[int]
     if all(load <= budget or len(items) == 1 for load, items in zip(loads, bins, strict=True)):
         return bins
     # LPT overshot the budget: keep first-fit's feasible bins and split the fullest until count.
-    return _split_to_count(pack_sequences(lengths, budget)[0], lengths, count)
+    return _split_to_count(pack_sequences(lengths, budget), lengths, count)
 
 
 def _split_to_count(bins: list[list[int]], lengths: Sequence[int], count: int) -> list[list[int]]:
@@ -61,15 +61,7 @@ def _split_to_count(bins: list[list[int]], lengths: Sequence[int], count: int) -
             continue
         fullest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
         bins.remove(fullest)
-        a, b, la, lb = [], [], 0, 0
-        for i in sorted(fullest, key=lambda k: -lengths[k]):
-            if la <= lb:
-                a.append(i)
-                la += lengths[i]
-            else:
-                b.append(i)
-                lb += lengths[i]
-        bins += [a, b]
+        bins += list(split_balanced(fullest, lengths))
     return bins
 
 

@@ -1,4 +1,4 @@
-"""Packing agent calls into micro-batches by a token budget, balanced across ranks.
+"""Packing agent calls into micro-batches by a token budget.
 
 Every agent call is one sequence. A micro-batch is ONE row of concatenated sequences (no padding
 between them): each sequence attends only to itself (block-diagonal causal mask, or flash-attn
@@ -6,28 +6,25 @@ varlen with ``cu_seqlens``) and its position ids restart at 0. Per-token trainin
 shifted by one, because the hidden state at position i predicts token i+1 of the same sequence;
 the last position of every sequence predicts nothing (role -1).
 
-Bins are filled first-fit-decreasing; then the number of micro-batches is made a multiple of the
-world size (FSDP ranks must run the same number of forward/backward passes) and bins are dealt
-to ranks largest-first onto the lightest rank, so ranks carry similar token counts.
+Bins are filled first-fit-decreasing. Every rank must then run the same number of micro-batches
+(FSDP's collectives), each rank spreading its own calls over them by tokens: ``mopd.train.balance``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 
-def pack_sequences(lengths: Sequence[int], budget: int, world_size: int = 1) -> List[List[List[int]]]:
-    """Group sequence indices into micro-batches of at most ``budget`` tokens, per rank.
-
-    Returns ``plan[rank][micro_batch] = [sequence indices]``; every rank gets the same number of
-    micro-batches (some may be empty when there are fewer sequences than ranks). A sequence longer
-    than the budget gets a micro-batch of its own.
-    """
-    if budget <= 0 or world_size <= 0:
-        raise ValueError("budget and world_size must be positive")
+def pack_sequences(lengths: Sequence[int], budget: int) -> List[List[int]]:
+    """Group sequence indices into micro-batches of at most ``budget`` tokens, first-fit
+    decreasing (bins end up nearly full: few micro-batches). A sequence longer than the budget
+    gets a micro-batch of its own. How many micro-batches each rank runs, and how a rank's calls
+    are spread over them, is ``mopd.train.balance``'s."""
+    if budget <= 0:
+        raise ValueError("budget must be positive")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     bins: List[List[int]] = []
     loads: List[int] = []
@@ -41,30 +38,11 @@ def pack_sequences(lengths: Sequence[int], budget: int, world_size: int = 1) -> 
         else:
             bins.append([i])
             loads.append(n)
-    # Make the count a multiple of world_size: split the fullest multi-sequence bins, else add empties.
-    while len(bins) % world_size:
-        splittable = [b for b in range(len(bins)) if len(bins[b]) > 1]
-        if not splittable:
-            bins.append([])
-            loads.append(0)
-            continue
-        b = max(splittable, key=lambda k: loads[k])
-        half_a, half_b = _split_balanced(bins[b], lengths)
-        bins[b], loads[b] = half_a, sum(lengths[i] for i in half_a)
-        bins.append(half_b)
-        loads.append(sum(lengths[i] for i in half_b))
-    per_rank = len(bins) // world_size
-    plan: List[List[List[int]]] = [[] for _ in range(world_size)]
-    rank_load = [0] * world_size
-    for b in sorted(range(len(bins)), key=lambda k: -loads[k]):
-        open_ranks = [r for r in range(world_size) if len(plan[r]) < per_rank]
-        r = min(open_ranks, key=lambda k: rank_load[k])
-        plan[r].append(bins[b])
-        rank_load[r] += loads[b]
-    return plan
+    return bins
 
 
-def _split_balanced(items: List[int], lengths: Sequence[int]):
+def split_balanced(items: Sequence[int], lengths: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """``items`` in two halves of similar token loads (longest first, onto the lighter half)."""
     a, b, la, lb = [], [], 0, 0
     for i in sorted(items, key=lambda k: -lengths[k]):
         if la <= lb:

@@ -2,29 +2,30 @@ import random
 
 import pytest
 
-from mopd.train.packing import build_packed_batch, pack_sequences, padding_fraction
+from mopd.train.packing import build_packed_batch, pack_sequences, padding_fraction, split_balanced
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_pack_sequences_budget_coverage_and_rank_balance(world):
-    rng = random.Random(world)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_pack_sequences_budget_and_coverage(seed):
+    rng = random.Random(seed)
     lengths = [rng.randint(1, 300) for _ in range(57)] + [900]   # one longer than the budget
-    plan = pack_sequences(lengths, 512, world)
-    assert len({len(p) for p in plan}) == 1                      # same micro-batch count per rank
-    seen = sorted(i for rank in plan for mb in rank for i in mb)
-    assert seen == list(range(len(lengths)))
-    for rank in plan:
-        for mb in rank:
-            assert sum(lengths[i] for i in mb) <= 512 or mb == [57]
-    loads = [sum(lengths[i] for mb in rank for i in mb) for rank in plan]
-    assert max(loads) - min(loads) <= 900                        # no rank gets everything
+    bins = pack_sequences(lengths, 512)
+    assert sorted(i for mb in bins for i in mb) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in mb) <= 512 or mb == [57] for mb in bins)
     # first-fit-decreasing leaves bins nearly full: few micro-batches
-    assert sum(len(r) for r in plan) <= sum(lengths) // 512 + 2 + world
+    assert len(bins) <= sum(lengths) // 512 + 2
+    with pytest.raises(ValueError):
+        pack_sequences(lengths, 0)
 
 
-def test_pack_fewer_sequences_than_ranks_gives_empty_micro_batches():
-    plan = pack_sequences([5], 100, 3)
-    assert [len(r) for r in plan] == [1, 1, 1] and sorted(map(len, (r[0] for r in plan))) == [0, 0, 1]
+def test_split_balanced_halves_the_load():
+    lengths = [300, 10, 200, 90, 50, 49, 1]
+    a, b = split_balanced(range(len(lengths)), lengths)
+    assert sorted(a + b) == list(range(len(lengths)))
+    assert abs(sum(lengths[i] for i in a) - sum(lengths[i] for i in b)) <= max(lengths)
+
+
+def test_an_empty_micro_batch_is_one_untrained_pad():
     b = build_packed_batch([], [], [], [])
     assert b.num_tokens == 1 and b.loss_tokens == 0
 

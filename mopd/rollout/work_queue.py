@@ -1,0 +1,56 @@
+"""Work handed from the rollout's event loop to a worker thread.
+
+The asynchronous fronts (engine batching, vLLM steps, retrieval) all take work the same way: the
+event loop calls :meth:`WorkQueue.submit` and awaits the returned future; the front's worker
+thread takes items under the queue's condition variable; :meth:`WorkQueue.close_pending` marks
+the queue closed, wakes every waiter and fails what never started. What a worker does with the
+items (batch by rows, step an engine, search) is the front's own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Deque, List, Tuple
+
+
+class FrontClosed(RuntimeError):
+    """The rollout ended (an error elsewhere, or Ctrl-C) before this piece of work ran."""
+
+
+class WorkQueue:
+    """Pending ``(item, future, submitted_at)`` triples, oldest first, behind one condition."""
+
+    def __init__(self, what: str):
+        self._what = what
+        """What an item is, for error messages ("request", "search")."""
+        self._pending: Deque[Tuple[object, Future, float]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+
+    def submit(self, item) -> Future:
+        """Queue ``item``; the future gets the worker's result (or its exception)."""
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise FrontClosed(f"the front is closed: this {self._what} cannot run")
+            self._pending.append((item, fut, time.perf_counter()))
+            self._cv.notify()
+        return fut
+
+    def take_all(self) -> List[Tuple[object, Future, float]]:
+        """Every pending triple, removed from the queue (call it holding ``self._cv``)."""
+        items, self._pending = list(self._pending), deque()
+        return items
+
+    def close_pending(self) -> None:
+        """Close the queue, wake every waiter, and fail the work that never started."""
+        with self._cv:
+            self._closed = True
+            pending = self.take_all()
+            self._cv.notify_all()
+        for _, fut, _ in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(FrontClosed(f"the rollout ended before this {self._what} ran"))
