@@ -316,24 +316,18 @@ def read_records(path: str | os.PathLike) -> List[WorkflowRecord]:
 
 
 def write_records(path: str | os.PathLike, records: Iterable[WorkflowRecord], append: bool = False) -> int:
-    """Write records as JSONL. Without append, write to a temporary file and rename (atomic)."""
+    """Write records as JSONL, fsynced; returns how many. Without ``append``, into a temporary file
+    renamed over ``path`` (atomic: a reader sees the old file or the whole new one)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    target = p if append else p.with_name(p.name + ".tmp")
     n = 0
-    if append:
-        with p.open("a", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        return n
-    tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with target.open("a" if append else "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
             n += 1
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, p)
+    if not append:
+        os.replace(target, p)
     return n
