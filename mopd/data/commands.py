@@ -211,8 +211,9 @@ def _pi0_check(args) -> int:
         print(f"[pi0-check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     try:
-        rows = check_seeds(args.out, args.seeds, world_items=args.world, index_kind="bm25" if args.bm25 else "flat",
-                           pi0_steps=args.pi0_steps, attempts=args.attempts, min_em=args.weak_pi0_em, log=log)
+        items = list(args.world) + (["index_kind=bm25"] if args.bm25 else [])
+        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_steps=args.pi0_steps, attempts=args.attempts,
+                           min_em=args.weak_pi0_em, log=log)
     except ValueError as e:
         raise UserError(str(e)) from None
     print("| seed | C-MAS EM | H-MAS EM | Answerer valid | weak |")

@@ -117,12 +117,12 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: 
     return out
 
 
-def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), index_kind: str = "flat",
-                pi0_steps=None, attempts: int = 4, min_em: float = 0.15, min_valid: float = 0.9,
-                log=None) -> Dict[int, dict]:
+def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), pi0_steps=None,
+                attempts: int = 4, min_em: float = 0.15, min_valid: float = 0.9, log=None) -> Dict[int, dict]:
     """For each seed, the world and pi_0 as ``mopd demo --seeds`` builds them (ROOT/seedN/world,
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
-    writes ROOT/pi0_check.json with every seed's verdict."""
+    writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
+    KEY=VALUE settings (``index_kind=bm25`` among them)."""
     import json
     from pathlib import Path
 
@@ -136,7 +136,7 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
         d = root / f"seed{n}"
         if log:
             log(f"seed {n}: world and pi_0 in {d}")
-        world = build_world(d / "world", settings=parse_world_settings(world_items, seed=n, index_kind=index_kind))
+        world = build_world(d / "world", settings=parse_world_settings(world_items, seed=n))
         deterministic_torch(1)
         kw = {"steps": pi0_steps} if pi0_steps is not None else {}
         pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, **kw)
