@@ -65,7 +65,7 @@ class EvalPlan:
         """What must not change between the starts of one run (the batching knobs change no record)."""
         fixed = dataclasses.asdict(self.settings)
         for knob in ("max_batch_calls", "max_active_runs", "retrieval_workers", "retrieval_timeout_s"):
-            fixed.pop(knob)
+            fixed.pop(knob, None)
         model = {f"model_{k}": v for k, v in self.model.items()}
         return {"attempts": self.attempts, "method": self.method, **model, **fixed}
 
