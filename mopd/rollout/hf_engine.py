@@ -181,9 +181,6 @@ class HFEngine:
             self._saved_buffers = None
         self._asleep = False
 
-    def wake(self) -> None:
-        self.wake_up(None)
-
     # ------------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:

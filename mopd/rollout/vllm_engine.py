@@ -221,6 +221,3 @@ class VLLMEngine:
         if todo:
             self.llm.wake_up(tags=todo)
             self._asleep_tags -= set(todo)
-
-    def wake(self) -> None:
-        self.wake_up(None)

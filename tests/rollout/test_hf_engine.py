@@ -146,7 +146,7 @@ def test_generation_restores_training_mode_and_shared_weights_are_not_copied(tin
     with pytest.raises(KeyError):
         engine.load_weights([("nope.weight", torch.zeros(1))])
     engine.sleep()
-    engine.wake()
+    engine.wake_up()
 
 
 def test_a_row_samples_the_same_next_to_rows_with_other_settings(hf_engine, tokenizer):
