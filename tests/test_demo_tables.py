@@ -9,7 +9,7 @@ import pytest
 
 from mopd.demo_tables import main_table_rows, publish, readme_blocks, render_blocks, update_readme
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 NUM = r"([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\]"
 
 
