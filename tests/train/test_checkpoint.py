@@ -217,7 +217,7 @@ def test_checkpoint_written_before_manifests_still_loads(run, tiny_model_dir):
 @pytest.mark.slow
 def test_two_rank_checkpoint_manifest_lists_both_ranks_files(tiny_model_dir, qa_file, tmp_path):
     """Under torchrun each rank hashes its share of the files and rank 0 writes one manifest."""
-    from test_distributed import torchrun
+    from tests.train.test_distributed import torchrun
 
     out = tmp_path / "run"
     torchrun(tiny_model_dir, qa_file, out)
