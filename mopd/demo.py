@@ -129,9 +129,8 @@ def _rollout_fn(s: "DemoSettings"):
 
 def _train_stage(name: str, cfg: Config, retriever, export_dir: Path, rollout_fn=None) -> Path:
     """Train (resuming a killed run) and export; a finished, exported stage is reused."""
-    from mopd.train.trainer import PolicyTrainer
-
     from mopd.core.reproducible import deterministic_torch
+    from mopd.train.trainer import PolicyTrainer
 
     done = export_dir / "config.json"
     marker = Path(cfg.trainer.out_dir) / "DONE"
@@ -336,7 +335,7 @@ def run_demo(s: DemoSettings) -> Path:
         if check["weak"]:
             _log("WARNING: " + check["verdict"])
     times["total"] = time.perf_counter() - t_start
-    (root / "timings.json").write_text(json.dumps({k: round(v, 1) for k, v in times.items()}, indent=2))
+    _write_timings(root / "timings.json", times)
     _log(f"finished in {times['total'] / 60:.1f} min; report: {report}")
     return report
 
@@ -437,3 +436,11 @@ def pooled_table(summary: dict) -> str:
         rows.append(f"| {c['trained']} minus {c['base']} | {c['held']} of {c['seeds']} seeds | "
                     f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}] |")
     return "\n".join(rows)
+
+
+def _write_timings(path: Path, times: Dict[str, float]) -> None:
+    """Stage seconds of the run that built each stage: a re-run reuses finished stages in a moment,
+    so where an earlier run of this directory took longer for a stage, its time is kept."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    merged = {k: round(max(v, float(old.get(k, 0.0))), 1) for k, v in times.items()}
+    path.write_text(json.dumps(merged, indent=2))
