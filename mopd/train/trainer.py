@@ -48,7 +48,7 @@ def _dist_info():
     return 0, 1
 
 
-def init_distributed() -> None:
+def init_distributed() -> bool:
     """Join the torchrun process group when launched by torchrun (gloo on CPU, NCCL on CUDA).
 
     On a GPU without torchrun this starts a one-process NCCL group, so that a single-GPU run takes
@@ -56,17 +56,18 @@ def init_distributed() -> None:
     through its external launcher. (On CPU a single process stays unsharded, in fp32.)
     """
     if dist.is_initialized():
-        return
+        return False
     cuda = torch.cuda.is_available()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         if not cuda:
-            return
+            return False
         for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
             os.environ.setdefault(key, value)
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo")
+    return True
 
 
 def _free_port() -> int:
@@ -89,7 +90,7 @@ class PolicyTrainer:
     def __init__(self, cfg: Config, *, retriever=None, resume: bool = False, progress: bool = True,
                  rollout_fn=None):
         cfg.check_trainable()
-        init_distributed()
+        self._owns_process_group = init_distributed()
         self.cfg = cfg
         self.rank, self.world = _dist_info()
         cuda = torch.cuda.is_available()
@@ -449,7 +450,13 @@ class PolicyTrainer:
         return ckpt.export_hf(self.model, self.tokenizer, out_dir)
 
     def close(self) -> None:
+        """Close the logs and, when this trainer started the process group, shut it down: a
+        process that exits with the group's threads still alive is aborted by the C++ runtime
+        ("terminate called without an active exception", seen on a resumed 2-rank run)."""
         self.logger.close()
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False
 
 
 def _loss_head(cfg: Config):

@@ -18,6 +18,7 @@ t = PolicyTrainer(cfg, retriever=FakeRetriever(), progress=False, resume=resume)
 start = t.step
 m = t.fit(2 if not resume else 3)
 t.export(Path(out) / "export")
-digest = float(sum(p.full_tensor().double().sum() for p in t.model.parameters()))
+digest = float(sum(p.detach().full_tensor().double().sum() for p in t.model.parameters()))
 result = {"rank": t.rank, "start": start, "step": t.step, "loss": m["loss/total"], "digest": digest}
 (Path(out) / f"result_rank{t.rank}.json").write_text(json.dumps(result))
+t.close()
