@@ -143,6 +143,8 @@ class PolicyTrainer:
         self._load_data()
         self.step = 0
         self.bad_steps = 0
+        self._saved_step: Optional[int] = None
+        """The step of the last checkpoint this trainer wrote (a best validation re-uses it)."""
         self.logger = MetricsLogger(self.run_dir, cfg.trainer.tensorboard, cfg.trainer.wandb_project,
                                     to_dict(cfg), enabled=self.rank == 0)
         if self.rank == 0:
@@ -204,7 +206,7 @@ class PolicyTrainer:
         v = val.get("val/em")
         if v is None or not self.cfg.trainer.checkpoint_every or not ckpt.is_new_best(self.run_dir, v):
             return
-        if getattr(self, "_saved_step", None) != self.step:
+        if self._saved_step != self.step:
             self.save()
         ckpt.mark_best(self.run_dir, self.step, "val/em", v)
         keep = self.cfg.trainer.keep_checkpoints
@@ -411,7 +413,7 @@ class PolicyTrainer:
         finally:
             if bar is not None:
                 bar.close()
-        if getattr(self, "_saved_step", None) != self.step:   # not when this step's checkpoint exists
+        if self._saved_step != self.step:   # not when this step's checkpoint exists
             self.save()
         if self.rank == 0:
             plot_training(self.run_dir)
