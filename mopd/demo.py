@@ -82,7 +82,7 @@ class DemoSettings:
 QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
 """Workflow limits of a quick run (training and evaluation)."""
 QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "rollout.answer_candidates=2",
-                   "trainer.val_every=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
+                   "trainer.val_every=1", "trainer.val_attempts=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
 
 
 def world_settings(s: "DemoSettings"):

@@ -95,7 +95,8 @@ def validation_curve_plot(metrics_jsonl_paths: Sequence[str | os.PathLike], out_
                           labels: Optional[Sequence[str]] = None,
                           keys: Sequence[str] = VALIDATION_KEYS) -> Path:
     """One panel per key present in any log (val/em, searches per workflow, no-search fraction),
-    one line per training run, against the training step."""
+    one line per training run, against the training step; a validation panel also draws each run's
+    step-0 value (its starting model) as a dashed line, the level training has to rise above."""
     plt = _pyplot()
     logs: Dict[str, List[dict]] = {}
     for i, p in enumerate(metrics_jsonl_paths):
@@ -109,7 +110,9 @@ def validation_curve_plot(metrics_jsonl_paths: Sequence[str | os.PathLike], out_
         for label, rows in logs.items():
             pts = sorted((r["step"], r[key]) for r in rows if key in r and r[key] is not None)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+                line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+                if key.startswith("val/") and pts[0][0] == 0:   # the starting model (a base system)
+                    ax.axhline(pts[0][1], color=line.get_color(), linestyle="--", linewidth=0.8, alpha=0.6)
         ax.set_xlabel("training step")
         ax.set_title(key)
         ax.grid(alpha=0.3)

@@ -375,14 +375,15 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ validation and the loop
     def validate(self) -> Dict[str, float]:
-        """One attempt per dev question with the evaluation protocol (``cfg.eval``), scored by the
-        evaluation code; ranks split the questions and add their counts."""
+        """``trainer.val_attempts`` workflows per dev question with the evaluation protocol
+        (``cfg.eval``), scored by the evaluation code; ranks split the questions and add their counts."""
         from mopd.eval.metrics import validation_counts, validation_metrics
 
         if not self.dev_questions:
             return {}
         settings = WorkflowSettings.for_evaluation(self.cfg, seed=VALIDATION_SEED + self.step)
-        records = self.rollout(self.dev_questions[self.rank::self.world], settings, attempts=1)
+        records = self.rollout(self.dev_questions[self.rank::self.world], settings,
+                               attempts=self.cfg.trainer.val_attempts)
         counts = torch.tensor(validation_counts(records), dtype=torch.float64, device=self.device)
         counts = _all_reduce(counts)
         return validation_metrics(counts.cpu().tolist())

@@ -99,3 +99,23 @@ def test_sigterm_to_mopd_train_writes_a_verified_checkpoint(tiny_model_dir, qa_f
     assert path is not None and not skipped
     kinds = [e["kind"] for e in _events(out)]
     assert "interrupt" in kinds and kinds.index("interrupt") < len(kinds) - 1   # the save came after it
+
+
+def test_validation_runs_val_attempts_workflows_per_dev_question(tiny_model_dir, qa_file, tmp_path):
+    t = _trainer(tiny_model_dir, qa_file, tmp_path / "run", **{"data.dev": qa_file, "data.dev_size": 3,
+                                                              "trainer.val_attempts": 3,
+                                                              "rollout.max_output_tokens": 6})
+    seen = []
+    inner = t.rollout_fn
+
+    def recording(engine, retriever, tokenizer, questions, settings, attempts, **kw):
+        records = inner(engine, retriever, tokenizer, questions, settings, attempts=attempts, **kw)
+        seen.append((len(questions), attempts, len(records)))
+        return records
+
+    t.rollout_fn = recording
+    m = t.validate()
+    assert seen == [(3, 3, 9)]
+    assert 0.0 <= m["val/em"] <= 1.0 and m["val/em"] * 9 == pytest.approx(round(m["val/em"] * 9))
+    with pytest.raises(ValueError, match="val_attempts"):
+        resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, tmp_path / "x", **{"trainer.val_attempts": 0}))
