@@ -143,12 +143,25 @@ def _train_stage(name: str, cfg: Config, retriever, export_dir: Path, rollout_fn
     trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn)
     try:
         trainer.fit()
-        trainer.export(export_dir)
+        _export_best(name, trainer, export_dir)
     finally:
         trainer.close()
     marker.write_text(_stage_fingerprint(cfg))
     _log(f"{name}: done in {time.perf_counter() - t0:.0f}s; exported {export_dir}")
     return export_dir
+
+
+def _export_best(name: str, trainer, export_dir: Path) -> Path:
+    """Export the checkpoint with the best dev validation (the paper's model selection; step 0,
+    the starting model, is not a candidate); the last weights when no validation ran."""
+    from mopd.train import checkpoint as ckpt
+
+    best = ckpt.read_best(trainer.run_dir)
+    if best is None or best["step"] == trainer.step:
+        _log(f"{name}: exporting the last step, {trainer.step}" + (", also the best on dev" if best else ""))
+        return trainer.export(export_dir)
+    _log(f"{name}: exporting step {best['step']}, the best dev {best['metric']} ({best['value']:.3f})")
+    return ckpt.export_checkpoint(trainer.run_dir, export_dir, which="best")
 
 
 def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s: DemoSettings, out: Path) -> Path:
