@@ -42,7 +42,10 @@ PI0_FORMAT = 1
 
 @dataclass(frozen=True)
 class WarmStartSettings:
-    steps: int = 450
+    steps: int = 800
+    """SFT steps. The tiny model learns to copy names from its prompt in a sudden transition whose
+    step depends on the seed: at 450 steps pi_0's dev EM was 0.02-0.28 over 8 seeds (below 0.11 on
+    5), at 800 it was 0.70-0.83 (``mopd world pi0-check``; bench/RESULTS.md, "Warm start")."""
     episodes_per_step: int = 16
     """Demonstration episodes (all their agent calls) per optimiser step."""
     attempts: int = 4
@@ -209,7 +212,7 @@ def _world_fingerprint(world_dir) -> str:
     return corpus_fingerprint(paths.corpus) + ":" + corpus_fingerprint(paths.train)
 
 
-def build_pi0(world_dir, out_dir, *, steps: int = 450, seed: int = 0, settings: Optional[WarmStartSettings] = None,
+def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed: int = 0, settings: Optional[WarmStartSettings] = None,
               threads: Optional[int] = 1, progress: bool = True, **overrides) -> Path:
     """Warm-start pi_0 on the tiny world in ``world_dir`` (from :func:`mopd.data.tinyworld.build_world`);
     returns ``out_dir`` (a model directory). ``settings`` or keyword ``overrides`` (any

@@ -54,8 +54,8 @@ def test_a_finished_world_is_reused_and_other_settings_rebuild_it(tmp_path):
 
 def test_default_world_sizes_and_files(world):
     info = read_settings(world.root)
-    assert info["passages"] == 200 + 40 + 60 + 20 + 280
-    assert info["questions"] == {"train": 360, "dev": 40, "test": 80}
+    assert info["passages"] == 400 + 40 + 60 + 20 + 280
+    assert info["questions"] == {"train": 640, "dev": 40, "test": 200}
     corpus = corpus_of(world)
     assert len(corpus) == info["passages"]
     for contents in corpus.values():
@@ -65,7 +65,7 @@ def test_default_world_sizes_and_files(world):
         examples, report = load_flashrag(world.split(split))
         assert report.skipped == 0 and {e.dataset for e in examples} == {ONE_HOP, TWO_HOP}
     manifest = json.loads(world.manifest.read_text())
-    assert manifest["counts"]["test"] == {ONE_HOP: 40, TWO_HOP: 40}
+    assert manifest["counts"]["test"] == {ONE_HOP: 100, TWO_HOP: 100}
     assert manifest["disjoint_hashes_checked"]
 
 
@@ -108,7 +108,7 @@ def test_test_questions_are_new_and_their_siblings_are_in_training(world):
     train = {q.question for s in ("train", "dev") for q in load_split(world, s)}
     test = load_split(world, "test")
     subjects = [meta[q.question]["subject"] for q in test]
-    assert len(set(subjects)) == len(test) == 80  # one test question per subject
+    assert len(set(subjects)) == len(test) == 200  # one test question per subject
     trained = {(meta[q]["subject"], meta[q]["hops"]) for q in train}
     for q in test:
         m = meta[q.question]
