@@ -82,6 +82,8 @@ def _register_demo(sub) -> None:
     p.add_argument("--eval-split", default="test", choices=["test", "dev"],
                    help="evaluate on test (the final numbers) or dev (for every tuning choice; "
                         "written to report_dev/) (default test)")
+    p.add_argument("--eval-workers", type=int, default=d.eval_workers,
+                   help=f"processes for the final evaluations; the records are the same with 1 (default {d.eval_workers})")
     p.add_argument("--pi0-check-attempts", type=int, default=d.pi0_check_attempts,
                    help=f"workflows per dev question of the pi_0 check, 0 to skip it (default {d.pi0_check_attempts})")
     p.add_argument("--weak-pi0-em", type=float, default=d.weak_pi0_em,
@@ -105,7 +107,7 @@ def _demo(args) -> int:
                          index_kind="bm25" if args.bm25 else "flat", overrides=list(args.overrides),
                          quick=args.quick, world=list(args.world), stage2_questions_per_step=args.stage2_questions,
                          eval_split=args.eval_split, pi0_check_attempts=args.pi0_check_attempts,
-                         weak_pi0_em=args.weak_pi0_em)
+                         weak_pi0_em=args.weak_pi0_em, eval_workers=args.eval_workers)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.quick:

@@ -63,6 +63,10 @@ class DemoSettings:
     did; re-measure with `mopd world pi0-check --seeds ...` and set it from that."""
     weak_pi0_valid: float = 0.9
     """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid (measured: 0.99-1.0)."""
+    eval_workers: int = 2
+    """Processes for the final evaluations (the four systems, two at a time with 2, on a machine with
+    at least 2 cores). Each evaluation is a function of its model, questions and seed, so the records
+    are the same with 1 (tested); 2 halves the evaluation's wall time on a 2-core machine."""
     lockstep: bool = True
     """Roll out (training and evaluation) with the lock-step scheduler, whose engine batches are a
     function of the runs' states, instead of the asynchronous one, whose batches depend on timing:
@@ -74,6 +78,8 @@ class DemoSettings:
             raise ValueError(f"eval_split={self.eval_split!r}: choose test or dev")
         if self.pi0_check_attempts < 0:
             raise ValueError("pi0_check_attempts must be >= 0 (0: no check)")
+        if self.eval_workers < 1:
+            raise ValueError("eval_workers must be >= 1")
         if self.stage2_questions_per_step is not None and self.stage2_questions_per_step < 1:
             raise ValueError("stage2_questions_per_step must be >= 1")
         world_settings(self)  # a bad KEY=VALUE fails here, before anything is built
@@ -189,6 +195,40 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
     path = evaluate(model_dir, None, retriever, questions, plan, cfg, run_fn=_rollout_fn(s))
     _log(f"eval {name}: {time.perf_counter() - t0:.0f}s")
     return path
+
+
+def _evaluate_systems(systems, questions, world, retriever, s: DemoSettings, out_root: Path) -> List[Path]:
+    """Evaluate ``systems`` [(name, model directory, workflow)] into ``out_root/<slug>``, in
+    ``s.eval_workers`` processes (spawned; each loads its own retriever over the world's index and
+    searches every query alone, as this process does)."""
+    import os
+
+    outs = [out_root / name.lower().replace(" ", "_").replace("+", "plus").replace("-", "_")
+            for name, _, _ in systems]
+    jobs = [(name, model_dir, workflow, out) for (name, model_dir, workflow), out in zip(systems, outs)]
+    workers = min(s.eval_workers, len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        for name, model_dir, workflow, out in jobs:
+            _evaluate(name, model_dir, workflow, questions, retriever, s, out)
+        return outs
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_evaluate_in_worker, job, questions, str(world.index), s) for job in jobs]
+        for f in futures:
+            f.result()   # re-raises a worker's error here
+    return outs
+
+
+def _evaluate_in_worker(job, questions, index: str, s: DemoSettings) -> Path:
+    from mopd.config import RetrieverConfig
+    from mopd.retriever import load_retriever
+    from mopd.retriever.memo import QueryMemo
+
+    name, model_dir, workflow, out = job
+    retriever = QueryMemo(load_retriever(RetrieverConfig(kind="inprocess", index=index)))
+    return _evaluate(name, model_dir, workflow, questions, retriever, s, out)
 
 
 CLAIMS = [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
@@ -322,12 +362,7 @@ def run_demo(s: DemoSettings) -> Path:
     t = time.perf_counter()
     dev = s.eval_split == "dev"
     questions = _eval_questions(world, s)
-    runs = []
-    for name, model_dir, workflow in systems:
-        slug = name.lower().replace(" ", "_").replace("+", "plus").replace("-", "_")
-        out = root / ("eval_dev" if dev else "eval") / slug
-        _evaluate(name, model_dir, workflow, questions, retriever, s, out)
-        runs.append(out)
+    runs = _evaluate_systems(systems, questions, world, retriever, s, root / ("eval_dev" if dev else "eval"))
     times["eval"] = time.perf_counter() - t
 
     names = [n for n, _, _ in systems]

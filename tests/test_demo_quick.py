@@ -1,7 +1,9 @@
 """The built-in default, shortened: every stage runs, every artifact is written, the report renders."""
 
+import dataclasses
 import json
 import math
+import shutil
 
 import pytest
 
@@ -19,6 +21,13 @@ def _numbers(x):
     elif isinstance(x, list):
         for v in x:
             yield from _numbers(v)
+
+
+def _records_without_timings(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("duration_s")
+    return rows
 
 
 def test_quick_demo_end_to_end(tmp_path):
@@ -54,11 +63,15 @@ def test_quick_demo_end_to_end(tmp_path):
         assert math.isfinite(c["diff"]) and lo <= c["diff"] <= hi and c["holds"] == (lo > 0)
     text = report.read_text()
     assert "## Main results" in text and "MultiAgent-OPD" in text and "per_dataset.png" in text
-    # the second run reuses every finished stage
+    # the second run reuses every finished stage; evaluating in one process gives the same records
+    # as the two worker processes of the first run
     t = json.loads((out / "timings.json").read_text())
-    run_demo(s)
+    first = {r: _records_without_timings(out / "eval" / r) for r in runs}
+    shutil.rmtree(out / "eval")
+    run_demo(dataclasses.replace(s, eval_workers=1))
     t2 = json.loads((out / "timings.json").read_text())
     assert t2["stage1"] < 5 and t2["stage2"] < 5 and t2["pi0"] < 5, (t, t2)
+    assert {r: _records_without_timings(out / "eval" / r) for r in runs} == first
 
 
 def test_spread_over_datasets():
