@@ -12,6 +12,14 @@ import pytest
 from mopd.train.interrupts import sigterm_as_interrupt
 
 
+def _sigterm_self(spins: int, until=lambda: False) -> None:
+    """Send this process SIGTERM and spin until ``until()`` (Python runs handlers between bytecodes)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(spins):
+        if until():
+            break
+
+
 def test_sigterm_inside_the_block_raises_keyboard_interrupt_once_then_restores():
     seen = []
 
@@ -21,15 +29,10 @@ def test_sigterm_inside_the_block_raises_keyboard_interrupt_once_then_restores()
     old = signal.signal(signal.SIGTERM, previous)
     try:
         with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt() as received:
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(10 ** 7):   # the handler runs between bytecodes
-                pass
+            _sigterm_self(10 ** 7)
         assert received == [signal.SIGTERM]
         assert signal.getsignal(signal.SIGTERM) is previous
-        os.kill(os.getpid(), signal.SIGTERM)   # outside: the previous handler again
-        for _ in range(10 ** 6):
-            if seen:
-                break
+        _sigterm_self(10 ** 6, until=lambda: seen)   # outside: the previous handler again
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, old)
@@ -41,14 +44,9 @@ def test_second_sigterm_while_handling_reaches_the_previous_handler():
     try:
         with sigterm_as_interrupt():
             try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                for _ in range(10 ** 7):
-                    pass
+                _sigterm_self(10 ** 7)
             except KeyboardInterrupt:
-                os.kill(os.getpid(), signal.SIGTERM)    # "writing the checkpoint" when the 2nd comes
-                for _ in range(10 ** 6):
-                    if seen:
-                        break
+                _sigterm_self(10 ** 6, until=lambda: seen)   # "writing the checkpoint" when the 2nd comes
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, old)
