@@ -110,3 +110,19 @@ def test_claims_are_paired_differences_of_avg(tmp_path):
     c1, c2 = check_claims(runs, draws=200)
     assert c1["diff"] == pytest.approx(0.5) and c1["ci"] == pytest.approx([0.5, 0.5]) and c1["holds"]
     assert c2["diff"] == pytest.approx(0.0) and c2["ci"][0] < 0 < c2["ci"][1] and not c2["holds"]
+
+
+def test_timings_keep_the_building_runs_stage_times_and_a_total_that_covers_them(tmp_path):
+    from mopd.demo import _write_timings
+
+    path = tmp_path / "timings.json"
+    # pi_0 was built by `mopd world pi0-check` (437.5 s in its pi0.json); this run reused it
+    _write_timings(path, {"world": 7.25, "pi0": 0.5, "stage1": 400.0, "total": 420.0}, built={"pi0": 437.5})
+    t = json.loads(path.read_text())
+    assert (t["pi0"], t["stage1"], t["total"]) == (437.5, 400.0, 844.7)   # 7.2 + 437.5 + 400
+    assert t["last_run"] == {"world": 7.2, "pi0": 0.5, "stage1": 400.0, "total": 420.0}
+    # a re-run that reuses everything keeps the times of the runs that built the stages
+    _write_timings(path, {"world": 0.1, "pi0": 0.2, "stage1": 1.0, "total": 2.0}, built={"pi0": 437.5})
+    t2 = json.loads(path.read_text())
+    assert {k: t2[k] for k in ("world", "pi0", "stage1", "total")} == {"world": 7.2, "pi0": 437.5, "stage1": 400.0,
+                                                                       "total": 844.7}
