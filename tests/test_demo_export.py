@@ -8,7 +8,9 @@ from mopd.demo import _export_best
 from mopd.train.trainer import PolicyTrainer
 from tests.helpers.retrievers import FakeRetriever
 from tests.helpers.training import tiny_overrides
-from tests.train.conftest import qa_file, tiny_model_dir  # noqa: F401  (fixtures)
+from tests.train import conftest as train_fixtures
+
+qa_file, tiny_model_dir = train_fixtures.qa_file, train_fixtures.tiny_model_dir   # the trainer tests' fixtures
 
 
 def _weights(model_dir):

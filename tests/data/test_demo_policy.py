@@ -92,7 +92,9 @@ def test_demonstrations_are_deterministic_for_a_seed(world, world_tokenizer, ret
     a = run(world, world_tokenizer, retriever, "hmas", qs, seed=5)
     b = run(world, world_tokenizer, retriever, "hmas", qs, seed=5)
     c = run(world, world_tokenizer, retriever, "hmas", qs, seed=6)
-    ids = lambda recs: [c.token_ids() for r in recs for c in r.calls]
+    def ids(recs):
+        return [call.token_ids() for r in recs for call in r.calls]
+
     assert ids(a) == ids(b) and ids(a) != ids(c)
 
 

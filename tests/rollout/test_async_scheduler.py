@@ -4,6 +4,7 @@ import _thread
 import asyncio
 import dataclasses
 import re
+import signal
 import threading
 import time
 
@@ -167,9 +168,16 @@ def test_ctrl_c_leaves_no_running_thread(tokenizer):
             time.sleep(0.2)
         return uneven(prompt, params)
 
-    with pytest.raises(KeyboardInterrupt):
-        run_workflows_async(ScriptedEngine(tokenizer, respond), SlowRetriever(lambda q: 0.01), tokenizer,
-                            questions(20), settings_for("hmas"), attempts=2, progress=False)
+    # Ctrl-C's handler, whatever the process or an earlier test left installed: interrupt_main()
+    # does nothing when SIGINT is ignored, and asyncio.run turns it into a cancellation only when
+    # the handler is Python's default
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_workflows_async(ScriptedEngine(tokenizer, respond), SlowRetriever(lambda q: 0.01), tokenizer,
+                                questions(20), settings_for("hmas"), attempts=2, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(calls) < 200 and not mopd_threads()
 
 
