@@ -165,9 +165,9 @@ def _export_best(name: str, trainer, export_dir: Path) -> Path:
     best = ckpt.read_best(trainer.run_dir)
     if best is None or best["step"] == trainer.step:
         _log(f"{name}: exporting the last step, {trainer.step}" + (", also the best on dev" if best else ""))
-        return trainer.export(export_dir)
-    _log(f"{name}: exporting step {best['step']}, the best dev {best['metric']} ({best['value']:.3f})")
-    return ckpt.export_checkpoint(trainer.run_dir, export_dir, which="best")
+    else:
+        _log(f"{name}: exporting step {best['step']}, the best dev {best['metric']} ({best['value']:.3f})")
+    return trainer.export(export_dir, which="best")
 
 
 def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s: DemoSettings, out: Path) -> Path:

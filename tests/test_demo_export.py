@@ -1,5 +1,7 @@
-"""The demo exports each stage's best-validation checkpoint (the paper's model selection)."""
+"""The demo exports each stage's best-validation checkpoint (the paper's model selection) through
+`PolicyTrainer.export(which="best")`, which `mopd train --export` also uses."""
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -34,8 +36,8 @@ def test_the_exported_model_is_the_best_dev_step_not_the_last(tiny_model_dir, qa
     t = _trainer(tiny_model_dir, qa_file, tmp_path / "run")
     _fit(t, [0.9, 0.1, 0.5, 0.2])          # step 0 (the starting model) is not a candidate; step 2 is best
     try:
+        t.export(tmp_path / "last")         # before: exporting "best" loads step 2's weights
         _export_best("stage", t, tmp_path / "best")
-        t.export(tmp_path / "last")
     finally:
         t.close()
     from mopd.train.checkpoint import export_checkpoint
@@ -53,6 +55,8 @@ def test_the_last_step_is_exported_when_it_is_the_best(tiny_model_dir, qa_file, 
     try:
         _export_best("stage", t, tmp_path / "best")
         t.export(tmp_path / "last")
+        with pytest.raises(ValueError, match="choose last or best"):
+            t.export(tmp_path / "x", which="latest")
     finally:
         t.close()
     best, last = _weights(tmp_path / "best"), _weights(tmp_path / "last")

@@ -33,6 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
+    set_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
@@ -181,6 +182,18 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = Tr
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return json.loads(state_file.read_text())
+
+
+def load_model_weights(path: str | os.PathLike, model) -> None:
+    """Load only the model weights of the checkpoint at ``path`` (verified) into ``model``, sharded
+    or not; every rank calls it (how a trainer exports its best-validation checkpoint)."""
+    path = Path(path)
+    reason = verify_on_all_ranks(path)
+    if reason is not None:
+        raise CheckpointError(f"{path} cannot be used: {reason}")
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
 
 
 def load_latest(run_dir: str | os.PathLike, model, optimizer,

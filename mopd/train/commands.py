@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=None, help="stop after this many total steps (default trainer.steps)")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="after training, also write a Hugging Face model here (e.g. the Stage-I teacher)")
+    p.add_argument("--export-checkpoint", choices=["best", "last"], default="best",
+                   help="what --export writes: the best-validation checkpoint (the paper's selection; the last "
+                        "weights when no validation ran) or the last weights (default best)")
     p.add_argument("preset", help="method preset (cmas_rl, mopd, outcome_searcher, base_teacher, "
                                   "no_searcher_supervision, prompted_critic)")
     add_overrides_argument(p)
@@ -86,7 +89,7 @@ def _train(args) -> int:
         try:
             last = trainer.fit(args.steps)
             if args.export:
-                trainer.export(args.export)
+                trainer.export(args.export, which=args.export_checkpoint)
         finally:
             trainer.close()
     except (ModelLoadError, TrainingError, CheckpointError) as e:

@@ -448,8 +448,16 @@ class PolicyTrainer:
         return tqdm(total=target, initial=self.step, desc=f"train {self.cfg.method}", unit="step",
                     dynamic_ncols=True)
 
-    def export(self, out_dir) -> Path:
-        """A Hugging Face model directory of the current weights (how Stage I becomes the teacher)."""
+    def export(self, out_dir, which: str = "last") -> Path:
+        """A Hugging Face model directory (how Stage I becomes the teacher) of the current weights
+        ("last") or of the best-validation checkpoint ("best", the paper's model selection; the
+        current weights when no validation marked one). "best" loads those weights into the model:
+        call it when training is over."""
+        if which not in ("last", "best"):
+            raise ValueError(f"export {which!r}: choose last or best")
+        best = ckpt.read_best(self.run_dir) if which == "best" else None
+        if best is not None and best["step"] != self.step:
+            ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), self.model)
         return ckpt.export_hf(self.model, self.tokenizer, out_dir)
 
     def close(self) -> None:
