@@ -59,8 +59,8 @@ class DemoSettings:
     """Workflows per dev question when pi_0 is checked (format validity and EM, both workflows)."""
     weak_pi0_em: float = 0.15
     """pi_0 is flagged weak when its dev EM (mean of C-MAS and H-MAS) is below this: the copying
-    transition of the warm start has not happened (dev EM 0.02-0.10 before it, 0.70-0.83 after it
-    on every seed measured with the default 800 SFT steps; `mopd world pi0-check --seeds ...`)."""
+    transition of the warm start has not happened (dev EM 0.02-0.10 before it, 0.70-0.87 after it
+    on all 10 seeds measured with the default 800 SFT steps; `mopd world pi0-check --seeds ...`)."""
     weak_pi0_valid: float = 0.9
     """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid (measured: 0.99-1.0)."""
     eval_workers: int = 2

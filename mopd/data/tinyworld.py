@@ -74,8 +74,9 @@ class WorldSettings:
     twins: int = 16
     distractors: int = 280
     test_per_dataset: int = 100
-    """Test questions per dataset (one-hop, two-hop), each about its own subject. 2 x 100 makes the
-    demo's 95% intervals about +-3-4 points of avg@4 (+-6 with 2 x 40), for ~2 min more evaluation."""
+    """Test questions per dataset (one-hop, two-hop), each about its own subject. 2 x 100 made the
+    demo's 95% intervals about +-3.5-4 points of avg@4 (+-6 with 2 x 40); the four evaluations took
+    63 s with two workers in the timed demo (bench/RESULTS.md)."""
     dev_per_dataset: int = 20
     index_kind: str = "flat"
     encoder: str = "minilm"

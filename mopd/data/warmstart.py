@@ -44,8 +44,9 @@ PI0_FORMAT = 1
 class WarmStartSettings:
     steps: int = 800
     """SFT steps. The tiny model learns to copy names from its prompt in a sudden transition whose
-    step depends on the seed: at 450 steps pi_0's dev EM was 0.02-0.28 over 8 seeds (below 0.11 on
-    5), at 800 it was 0.70-0.83 (``mopd world pi0-check``; bench/RESULTS.md, "Warm start")."""
+    step depends on the seed: at 450 steps pi_0's dev EM was 0.02-0.28 in 8 runs (below 0.11 in 5),
+    at 800 it was 0.70-0.87 on all 10 seeds (``mopd world pi0-check``; bench/RESULTS.md, "The demo's
+    warm start")."""
     episodes_per_step: int = 16
     """Demonstration episodes (all their agent calls) per optimiser step."""
     attempts: int = 4
