@@ -20,5 +20,11 @@ m = t.fit(2 if not resume else 3)
 t.export(Path(out) / "export")
 digest = float(sum(p.detach().full_tensor().double().sum() for p in t.model.parameters()))
 result = {"rank": t.rank, "start": start, "step": t.step, "loss": m["loss/total"], "digest": digest}
+if resume:   # export the step-2 checkpoint as the best one: a model-only load into the sharded model
+    from mopd.train import checkpoint as ckpt  # noqa: E402
+
+    ckpt.mark_best(out, 2, "val/em", 1.0)
+    t.export(Path(out) / "export_best", which="best")
+    result["best_digest"] = float(sum(p.detach().full_tensor().double().sum() for p in t.model.parameters()))
 (Path(out) / f"result_rank{t.rank}.json").write_text(json.dumps(result))
 t.close()

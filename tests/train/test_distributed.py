@@ -45,4 +45,7 @@ def test_two_rank_fsdp2_train_checkpoint_resume_export(tiny_model_dir, qa_file, 
     assert (out / "export" / "model.safetensors").is_file()
     r2 = torchrun(tiny_model_dir, qa_file, out, "resume")
     assert [x["start"] for x in r2] == [2, 2] and [x["step"] for x in r2] == [3, 3]
+    assert r2[0]["digest"] != r[0]["digest"]           # step 3 moved the weights
+    assert [x["best_digest"] for x in r2] == [r[0]["digest"]] * 2   # export "best" reloaded step 2 on both ranks
+    assert (out / "export_best" / "model.safetensors").is_file()
     shutil.rmtree(out)
