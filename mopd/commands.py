@@ -77,6 +77,9 @@ def _register_demo(sub) -> None:
     p.add_argument("--world", nargs="+", default=[], metavar="KEY=VALUE",
                    help="world settings, e.g. test_per_dataset=100 bands=400 (see mopd.data.tinyworld.WorldSettings; "
                         "config overrides go before it)")
+    p.add_argument("--pi0", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="warm-start settings, e.g. search_first=0.9 (see mopd.data.warmstart.WarmStartSettings; "
+                        "config overrides go before it)")
     p.add_argument("--stage2-questions", type=int, default=None,
                    help="Stage II questions per step (default: the tiny_mopd preset's)")
     p.add_argument("--eval-split", default="test", choices=["test", "dev"],
@@ -105,7 +108,7 @@ def _demo(args) -> int:
                          stage2_steps=args.stage2_steps, test_questions=args.test_questions, attempts=args.attempts,
                          bootstrap_draws=args.draws, with_ablations=args.with_ablations,
                          index_kind="bm25" if args.bm25 else "flat", overrides=list(args.overrides),
-                         quick=args.quick, world=list(args.world), stage2_questions_per_step=args.stage2_questions,
+                         quick=args.quick, world=list(args.world), pi0=list(args.pi0), stage2_questions_per_step=args.stage2_questions,
                          eval_split=args.eval_split, pi0_check_attempts=args.pi0_check_attempts,
                          weak_pi0_em=args.weak_pi0_em, eval_workers=args.eval_workers)
     except ValueError as e:

@@ -50,6 +50,9 @@ class DemoSettings:
     world: List[str] = field(default_factory=list)
     """World settings as KEY=VALUE (any :class:`mopd.data.tinyworld.WorldSettings` field, e.g.
     test_per_dataset=100 bands=400): a larger test split narrows the intervals at little cost."""
+    pi0: List[str] = field(default_factory=list)
+    """Warm-start settings as KEY=VALUE (any :class:`mopd.data.warmstart.WarmStartSettings` field but
+    seed, e.g. search_first=0.9 steps=600)."""
     stage2_questions_per_step: Optional[int] = None
     """Stage II questions per step (None: the tiny_mopd preset's)."""
     eval_split: str = "test"
@@ -74,6 +77,9 @@ class DemoSettings:
     1e-6 on the HF engine), so only lock-step runs are bit-reproducible."""
 
     def __post_init__(self):
+        from mopd.data.warmstart import parse_pi0_settings
+
+        parse_pi0_settings(self.pi0)  # a bad KEY=VALUE fails here, before anything is built
         if self.eval_split not in ("test", "dev"):
             raise ValueError(f"eval_split={self.eval_split!r}: choose test or dev")
         if self.pi0_check_attempts < 0:
@@ -297,7 +303,7 @@ def run_demo(s: DemoSettings) -> Path:
     from mopd.config import RetrieverConfig
     from mopd.core.reproducible import deterministic_torch, environment_record
     from mopd.data.tinyworld import build_world
-    from mopd.data.warmstart import build_pi0
+    from mopd.data.warmstart import build_pi0, parse_pi0_settings
     from mopd.eval.report import ReportOptions, report_runs
     from mopd.retriever import load_retriever
     from mopd.retriever.memo import QueryMemo
@@ -319,7 +325,9 @@ def run_demo(s: DemoSettings) -> Path:
 
     t = time.perf_counter()
     _log(f"pi_0 warm start (SFT on scripted demonstrations) -> {root / 'pi0'}")
-    kw = {"steps": s.pi0_steps} if s.pi0_steps is not None else {}
+    kw = parse_pi0_settings(s.pi0)
+    if s.pi0_steps is not None:
+        kw["steps"] = s.pi0_steps
     kw["threads"] = 1   # small ops: one thread is faster, and robust on a shared machine
     if s.quick:
         kw.update(steps=s.pi0_steps or 3, max_questions=8, attempts=1, episodes_per_step=4)

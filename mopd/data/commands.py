@@ -125,6 +125,8 @@ def _register_world(sub) -> None:
     pc.add_argument("--world-setting", dest="world", nargs="+", default=[], metavar="KEY=VALUE",
                     help="world settings, as `mopd demo --world`")
     pc.add_argument("--pi0-steps", type=int, default=None, help="SFT steps of pi_0 (default: the recipe's)")
+    pc.add_argument("--pi0", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="warm-start settings, e.g. search_first=0.5 (see mopd.data.warmstart.WarmStartSettings)")
     pc.add_argument("--weak-pi0-em", type=float, default=0.15, help="weak below this dev EM (default 0.15, as the demo)")
     pc.add_argument("--bm25", action="store_true", help="BM25 index instead of MiniLM + flat FAISS")
     pc.set_defaults(func=_pi0_check)
@@ -212,7 +214,7 @@ def _pi0_check(args) -> int:
 
     try:
         items = list(args.world) + (["index_kind=bm25"] if args.bm25 else [])
-        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_steps=args.pi0_steps, attempts=args.attempts,
+        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_steps=args.pi0_steps, pi0_items=args.pi0, attempts=args.attempts,
                            min_em=args.weak_pi0_em, log=log)
     except ValueError as e:
         raise UserError(str(e)) from None

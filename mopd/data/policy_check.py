@@ -118,17 +118,18 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: 
 
 
 def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), pi0_steps=None,
-                attempts: int = 4, min_em: float = 0.15, min_valid: float = 0.9, log=None) -> Dict[int, dict]:
+                pi0_items: Sequence[str] = (), attempts: int = 4, min_em: float = 0.15, min_valid: float = 0.9, log=None) -> Dict[int, dict]:
     """For each seed, the world and pi_0 as ``mopd demo --seeds`` builds them (ROOT/seedN/world,
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
     writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
-    KEY=VALUE settings (``index_kind=bm25`` among them)."""
+    KEY=VALUE settings (``index_kind=bm25`` among them), ``pi0_items`` the warm start's
+    (:func:`mopd.data.warmstart.parse_pi0_settings`)."""
     import json
     from pathlib import Path
 
     from mopd.core.reproducible import deterministic_torch
     from mopd.data.tinyworld import build_world, parse_world_settings
-    from mopd.data.warmstart import build_pi0
+    from mopd.data.warmstart import build_pi0, parse_pi0_settings
 
     root = Path(root)
     out: Dict[int, dict] = {}
@@ -138,7 +139,9 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
             log(f"seed {n}: world and pi_0 in {d}")
         world = build_world(d / "world", settings=parse_world_settings(world_items, seed=n))
         deterministic_torch(1)
-        kw = {"steps": pi0_steps} if pi0_steps is not None else {}
+        kw = parse_pi0_settings(pi0_items)
+        if pi0_steps is not None:
+            kw["steps"] = pi0_steps
         pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, **kw)
         out[n] = check_pi0_cached(pi0, world.root, d / "pi0_check.json", attempts=attempts, seed=n,
                                   min_em=min_em, min_valid=min_valid, log=log)

@@ -22,6 +22,7 @@ loss curve, wall time, demo statistics). A finished directory with the same sett
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -80,6 +81,38 @@ class WarmStartSettings:
     right_copy: float = 0.9
     right_pick: float = 0.9
     search_first: float = 0.9
+
+    def __post_init__(self):
+        if self.steps < 1 or self.episodes_per_step < 1 or self.attempts < 1:
+            raise ValueError("steps, episodes_per_step and attempts must be >= 1")
+        for name in ("good_query", "right_copy", "right_pick", "search_first"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} is a probability: choose it in [0, 1]")
+
+
+def parse_pi0_settings(items: Sequence[str] = ()) -> Dict[str, object]:
+    """``build_pi0`` keyword overrides from KEY=VALUE entries (any :class:`WarmStartSettings` field but
+    seed and workflows, typed like its default; ``max_questions=none`` for all questions)."""
+    names = {f.name for f in dataclasses.fields(WarmStartSettings)} - {"seed", "workflows"}
+    out: Dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in names:
+            raise ValueError(f"pi_0 setting {item!r}: expected KEY=VALUE with KEY one of {sorted(names)}")
+        default = getattr(WarmStartSettings(), key)
+        if default is None:  # max_questions
+            if value.lower() == "none":
+                out[key] = None
+                continue
+            kind = int
+        else:
+            kind = type(default)
+        try:
+            out[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"pi_0 setting {item!r}: {value!r} is not a {kind.__name__}") from None
+    WarmStartSettings(**out)  # the recipe's own checks (ranges), before anything is built
+    return out
 
 
 @dataclass

@@ -4,6 +4,7 @@ import pytest
 
 from mopd.data.policy_check import assess_pi0
 from mopd.data.tinyworld import QUICK_WORLD, WorldSettings, parse_world_settings
+from mopd.data.warmstart import parse_pi0_settings
 
 
 def _wf(em, valid):
@@ -40,6 +41,24 @@ def test_world_settings_from_key_values():
             parse_world_settings(bad)
 
 
+def test_pi0_settings_from_key_values():
+    assert parse_pi0_settings(["search_first=0.45", "steps=12", "max_questions=7"]) == {
+        "search_first": 0.45, "steps": 12, "max_questions": 7}
+    assert parse_pi0_settings(["max_questions=None"]) == {"max_questions": None}
+    for bad in (["seed=3"], ["workflows=cmas"], ["nope=1"], ["steps"], ["steps=many"], ["search_first=1.5"],
+                ["right_pick=-0.1"], ["steps=0"]):
+        with pytest.raises(ValueError):
+            parse_pi0_settings(bad)
+
+
+def test_demo_settings_reject_a_bad_pi0_setting():
+    from mopd.demo import DemoSettings
+
+    assert DemoSettings(pi0=["search_first=0.5"]).pi0 == ["search_first=0.5"]
+    with pytest.raises(ValueError, match="search_first"):
+        DemoSettings(pi0=["search_first=5"])
+
+
 def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
     import json
 
@@ -60,3 +79,10 @@ def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
     assert main(argv) == 0
     assert (model.stat().st_mtime_ns, (tmp_path / "seed2" / "pi0_check.json").stat().st_mtime_ns) == stamp
     assert main(["world", "pi0-check", "--seeds", "1", "--out", str(tmp_path), "--world-setting", "nope=1"]) == 2
+    # a warm-start setting is a new recipe: pi_0 is rebuilt with it and checked again
+    assert main(argv + ["--pi0", "search_first=0.25"]) == 0
+    from mopd.data.warmstart import read_pi0
+
+    assert read_pi0(tmp_path / "seed2" / "pi0")["settings"]["search_first"] == 0.25
+    assert model.stat().st_mtime_ns != stamp[0]
+    assert main(argv + ["--pi0", "search_first=2"]) == 2
