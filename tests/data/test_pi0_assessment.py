@@ -79,10 +79,13 @@ def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
     assert main(argv) == 0
     assert (model.stat().st_mtime_ns, (tmp_path / "seed2" / "pi0_check.json").stat().st_mtime_ns) == stamp
     assert main(["world", "pi0-check", "--seeds", "1", "--out", str(tmp_path), "--world-setting", "nope=1"]) == 2
-    # a warm-start setting is a new recipe: pi_0 is rebuilt with it and checked again
-    assert main(argv + ["--pi0", "search_first=0.25"]) == 0
+    # a warm-start setting is a new recipe: pi_0 is rebuilt with it (its demonstrations search less) and checked again
     from mopd.data.warmstart import read_pi0
 
-    assert read_pi0(tmp_path / "seed2" / "pi0")["settings"]["search_first"] == 0.25
+    before = read_pi0(tmp_path / "seed2" / "pi0")["demonstrations"]["world/cmas"]["searches_per_episode"]
+    assert main(argv + ["--pi0", "search_first=0.25"]) == 0
+    after = read_pi0(tmp_path / "seed2" / "pi0")
+    assert after["settings"]["search_first"] == 0.25
+    assert after["demonstrations"]["world/cmas"]["searches_per_episode"] < before
     assert model.stat().st_mtime_ns != stamp[0]
     assert main(argv + ["--pi0", "search_first=2"]) == 2
