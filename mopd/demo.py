@@ -61,11 +61,10 @@ class DemoSettings:
     pi0_check_attempts: int = 4
     """Workflows per dev question when pi_0 is checked (format validity and EM, both workflows)."""
     weak_pi0_em: float = 0.15
-    """pi_0 is flagged weak when its dev EM (mean of C-MAS and H-MAS) is below this: the copying
-    transition of the warm start has not happened (dev EM 0.02-0.10 before it, 0.70-0.87 after it
-    on all 10 seeds measured with the default 800 SFT steps; `mopd world pi0-check --seeds ...`)."""
+    """pi_0 is flagged weak when its dev EM (mean of C-MAS and H-MAS) is below this
+    (:class:`mopd.data.policy_check.WeakPi0`)."""
     weak_pi0_valid: float = 0.9
-    """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid (measured: 0.99-1.0)."""
+    """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid."""
     eval_workers: int = 2
     """Processes for the final evaluations (the four systems, two at a time with 2, on a machine with
     at least 2 cores). Each evaluation is a function of its model, questions and seed, so the records
@@ -89,6 +88,13 @@ class DemoSettings:
         if self.stage2_questions_per_step is not None and self.stage2_questions_per_step < 1:
             raise ValueError("stage2_questions_per_step must be >= 1")
         world_settings(self)  # a bad KEY=VALUE fails here, before anything is built
+        self.weak_pi0()       # and so does a threshold out of [0, 1]
+
+    def weak_pi0(self):
+        """The weak-pi_0 thresholds as one value (:class:`mopd.data.policy_check.WeakPi0`)."""
+        from mopd.data.policy_check import WeakPi0
+
+        return WeakPi0(em=self.weak_pi0_em, valid=self.weak_pi0_valid)
 
 
 QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
@@ -404,8 +410,7 @@ def check_pi0(pi0: str, world, s: DemoSettings, path: Path) -> dict:
     from mopd.data.policy_check import check_pi0_cached
 
     attempts = min(s.pi0_check_attempts, 1) if s.quick else s.pi0_check_attempts
-    return check_pi0_cached(pi0, world.root, path, attempts=attempts, seed=s.seed,
-                            min_em=s.weak_pi0_em, min_valid=s.weak_pi0_valid, log=_log)
+    return check_pi0_cached(pi0, world.root, path, attempts=attempts, seed=s.seed, weak=s.weak_pi0(), log=_log)
 
 
 def pi0_check_markdown(check: dict) -> str:

@@ -204,7 +204,7 @@ def _pi0_check(args) -> int:
     import time
 
     from mopd.core.errors import UserError
-    from mopd.data.policy_check import check_seeds
+    from mopd.data.policy_check import WeakPi0, check_seeds
 
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
@@ -214,8 +214,8 @@ def _pi0_check(args) -> int:
 
     try:
         items = list(args.world) + (["index_kind=bm25"] if args.bm25 else [])
-        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_steps=args.pi0_steps, pi0_items=args.pi0, attempts=args.attempts,
-                           min_em=args.weak_pi0_em, log=log)
+        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_steps=args.pi0_steps, pi0_items=args.pi0,
+                           attempts=args.attempts, weak=WeakPi0(em=args.weak_pi0_em), log=log)
     except ValueError as e:
         raise UserError(str(e)) from None
     print("| seed | C-MAS EM | H-MAS EM | Answerer valid | weak |")

@@ -8,7 +8,26 @@ and plots is ``mopd.eval``.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Dict, Sequence
+
+
+@dataclass(frozen=True)
+class WeakPi0:
+    """When a warm start is too weak for the demo's RL to have something to reinforce."""
+
+    em: float = 0.15
+    """pi_0 is weak when its dev EM (mean over the workflows) is below this: the copying transition of
+    the warm start has not happened (dev EM 0.02-0.10 before it in the runs measured, well above 0.15
+    after it; bench/RESULTS.md)."""
+    valid: float = 0.9
+    """pi_0 is weak when any workflow's Answerer outputs are valid less often than this (measured:
+    0.99-1.0)."""
+
+    def __post_init__(self):
+        for name in ("em", "valid"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"weak-pi_0 threshold {name}={getattr(self, name)}: choose it in [0, 1]")
 
 
 def summarize(records) -> Dict[str, object]:
@@ -63,31 +82,31 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     return out
 
 
-def assess_pi0(result: Dict[str, dict], *, min_em: float, min_valid: float) -> Dict[str, object]:
+def assess_pi0(result: Dict[str, dict], weak: WeakPi0 = WeakPi0()) -> Dict[str, object]:
     """Is a warm start strong enough for RL to have something to reinforce? ``result`` is
-    :func:`check_policy`'s. pi_0 is weak when its EM (mean over the workflows) is below ``min_em``
-    or any workflow's Answerer outputs are valid less often than ``min_valid``: with few correct
+    :func:`check_policy`'s. pi_0 is weak when its EM (mean over the workflows) is below ``weak.em``
+    or any workflow's Answerer outputs are valid less often than ``weak.valid``: with few correct
     rollouts per group, outcome RL and the Stage-I teacher have almost no signal."""
     if not result:
         raise ValueError("no workflow was checked")
     em = sum(r["em"] for r in result.values()) / len(result)
     valid = min(r["answer_valid"] for r in result.values())
     reasons = []
-    if em < min_em:
-        reasons.append(f"dev EM {em:.3f} < {min_em}")
-    if valid < min_valid:
-        reasons.append(f"Answerer outputs valid {valid:.3f} < {min_valid}")
+    if em < weak.em:
+        reasons.append(f"dev EM {em:.3f} < {weak.em}")
+    if valid < weak.valid:
+        reasons.append(f"Answerer outputs valid {valid:.3f} < {weak.valid}")
     per = ", ".join(f"{wf} EM {r['em']:.3f}" for wf, r in result.items())
     if reasons:
         verdict = (f"pi_0 is WEAK ({'; '.join(reasons)}; {per}): with so few correct rollouts neither stage is "
                    "likely to learn in the demo's steps, so the claims of this run say little about the method.")
     else:
-        verdict = f"pi_0 is usable (dev EM {em:.3f} >= {min_em}, Answerer outputs valid {valid:.3f}; {per})."
+        verdict = f"pi_0 is usable (dev EM {em:.3f} >= {weak.em}, Answerer outputs valid {valid:.3f}; {per})."
     return {"em": em, "valid": valid, "weak": bool(reasons), "reasons": reasons, "verdict": verdict,
-            "thresholds": {"em": min_em, "valid": min_valid}}
+            "thresholds": {"em": weak.em, "valid": weak.valid}}
 
 
-def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: float, min_valid: float,
+def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: WeakPi0 = WeakPi0(),
                      log=None) -> dict:
     """:func:`check_policy` of pi_0 on the dev split (both workflows, ``attempts`` per question, T=0.6)
     with :func:`assess_pi0`'s verdict, written to ``path`` and reused from it when it was measured on
@@ -99,8 +118,8 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: 
     from mopd.data.warmstart import read_pi0
 
     path = Path(path)
-    key = {"pi0": read_pi0(pi0)["settings"], "attempts": attempts, "seed": seed, "weak_em": min_em,
-           "weak_valid": min_valid}
+    key = {"pi0": read_pi0(pi0)["settings"], "attempts": attempts, "seed": seed, "weak_em": weak.em,
+           "weak_valid": weak.valid}
     if path.is_file():
         done = json.loads(path.read_text())
         if done.get("key") == key:
@@ -110,7 +129,7 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: 
     deterministic_torch(1)
     result = check_policy(pi0, world_dir, split="dev", temperature=0.6, seed=seed, attempts=attempts)
     out = {"key": key, "split": "dev", "attempts": attempts, "workflows": result,
-           **assess_pi0(result, min_em=min_em, min_valid=min_valid)}
+           **assess_pi0(result, weak)}
     if log:
         log(out["verdict"])
     path.write_text(json.dumps(out, indent=2))
@@ -118,7 +137,7 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, min_em: 
 
 
 def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), pi0_steps=None,
-                pi0_items: Sequence[str] = (), attempts: int = 4, min_em: float = 0.15, min_valid: float = 0.9, log=None) -> Dict[int, dict]:
+                pi0_items: Sequence[str] = (), attempts: int = 4, weak: WeakPi0 = WeakPi0(), log=None) -> Dict[int, dict]:
     """For each seed, the world and pi_0 as ``mopd demo --seeds`` builds them (ROOT/seedN/world,
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
     writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
@@ -144,7 +163,7 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
             kw["steps"] = pi0_steps
         pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, **kw)
         out[n] = check_pi0_cached(pi0, world.root, d / "pi0_check.json", attempts=attempts, seed=n,
-                                  min_em=min_em, min_valid=min_valid, log=log)
+                                  weak=weak, log=log)
     root.mkdir(parents=True, exist_ok=True)
     summary = {str(n): {k: r[k] for k in ("em", "valid", "weak", "reasons", "thresholds")}
                | {"workflows": {wf: {"em": w["em"], "answer_valid": w["answer_valid"],

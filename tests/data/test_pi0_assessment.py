@@ -2,7 +2,7 @@
 
 import pytest
 
-from mopd.data.policy_check import assess_pi0
+from mopd.data.policy_check import WeakPi0, assess_pi0
 from mopd.data.tinyworld import QUICK_WORLD, WorldSettings, parse_world_settings
 from mopd.data.warmstart import parse_pi0_settings
 
@@ -12,7 +12,7 @@ def _wf(em, valid):
 
 
 def test_usable_pi0():
-    r = assess_pi0({"cmas": _wf(0.2, 1.0), "hmas": _wf(0.16, 0.99)}, min_em=0.15, min_valid=0.9)
+    r = assess_pi0({"cmas": _wf(0.2, 1.0), "hmas": _wf(0.16, 0.99)}, WeakPi0(em=0.15, valid=0.9))
     assert not r["weak"] and r["em"] == pytest.approx(0.18) and r["valid"] == 0.99 and r["reasons"] == []
     assert "usable" in r["verdict"]
 
@@ -22,13 +22,25 @@ def test_usable_pi0():
     (_wf(0.40, 1.0), _wf(0.30, 0.5), "valid 0.500"),            # one workflow's format broken
 ])
 def test_weak_pi0_is_flagged_with_the_reason(cmas, hmas, reason):
-    r = assess_pi0({"cmas": cmas, "hmas": hmas}, min_em=0.15, min_valid=0.9)
+    r = assess_pi0({"cmas": cmas, "hmas": hmas}, WeakPi0(em=0.15, valid=0.9))
     assert r["weak"] and any(reason in x for x in r["reasons"]) and "WEAK" in r["verdict"]
 
 
 def test_assess_needs_a_workflow():
     with pytest.raises(ValueError):
-        assess_pi0({}, min_em=0.1, min_valid=0.9)
+        assess_pi0({})
+
+
+def test_thresholds_are_one_checked_value():
+    # the same outputs, judged by a stricter bar, are weak for the reason the bar names
+    usable = {"cmas": _wf(0.45, 0.95), "hmas": _wf(0.41, 0.93)}
+    assert not assess_pi0(usable)["weak"]
+    strict = assess_pi0(usable, WeakPi0(em=0.5, valid=0.94))
+    assert strict["weak"] and strict["thresholds"] == {"em": 0.5, "valid": 0.94}
+    assert any("dev EM 0.430 < 0.5" in r for r in strict["reasons"]) and any("0.930 < 0.94" in r for r in strict["reasons"])
+    for bad in ({"em": -0.1}, {"valid": 1.5}):
+        with pytest.raises(ValueError, match="threshold"):
+            WeakPi0(**bad)
 
 
 def test_world_settings_from_key_values():
