@@ -60,6 +60,11 @@ def cuda_device_keeper() -> Callable[[], None]:
     return lambda: torch.cuda.set_device(device)
 
 
+def request_rows(request: GenerationRequest) -> int:
+    """Engine rows of a request: one per sample."""
+    return request.params.n
+
+
 class BatchingFront(WorkQueue):
     """Batching for a synchronous engine: every ``generate`` call takes all that is pending.
 
@@ -102,12 +107,7 @@ class BatchingFront(WorkQueue):
                     self._cv.wait(min(left, GATHER_POLL_S))
                 if self._closed:
                     return None
-                batch, rows, cap = [], 0, self.max_batch_calls
-                while self._pending and (not batch or rows + self._pending[0][0].params.n <= cap):
-                    item = self._pending.popleft()
-                    if item[1].set_running_or_notify_cancel():  # False: its waiter went away
-                        batch.append(item)
-                        rows += item[0].params.n
+                batch = self.take_fitting(self.max_batch_calls, request_rows)
                 if batch:
                     return batch
 
@@ -118,7 +118,7 @@ class BatchingFront(WorkQueue):
         return GATHER_SHARE * m.busy_s / m.units if m.units else GATHER_FIRST_S
 
     def _rows(self) -> int:
-        return sum(r.params.n for r, _, _ in self._pending)
+        return sum(request_rows(r) for r, _, _ in self._pending)
 
     def _loop(self) -> None:
         self._on_worker()

@@ -56,11 +56,7 @@ class RetrievalFront(WorkQueue):
                     self._cv.wait()
                 if self._closed:
                     return None
-                batch = []
-                while self._pending and len(batch) < self.max_batch_queries:
-                    item = self._pending.popleft()
-                    if item[1].set_running_or_notify_cancel():
-                        batch.append(item)
+                batch = self.take_fitting(self.max_batch_queries, size=lambda query: 1)
                 if batch:
                     return batch
 

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Deque, List, Optional
+from typing import List, Optional
 
 import torch
 
@@ -36,7 +35,8 @@ from mopd.rollout.async_engine import cuda_device_keeper
 from mopd.rollout.hf_engine import _layer_kv
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
-from mopd.rollout.work_queue import FrontClosed
+from mopd.rollout.async_engine import request_rows
+from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 JOIN_EVERY = 8
 """Decode steps a request waits at most before it joins a running batch (see HFStepFront._admit)."""
@@ -91,15 +91,13 @@ def _stack_left(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
     return out
 
 
-class HFStepFront:
+class HFStepFront(WorkQueue):
     def __init__(self, engine, *, max_rows: int = 256, name: str = "mopd-hf"):
         if max_rows < 1:
             raise ValueError(f"max_rows={max_rows} must be >= 1")
         self.engine, self.max_rows = engine, max_rows
         self.meter = BusyMeter()
-        self._pending: Deque[_Request] = deque()
-        self._cv = threading.Condition()
-        self._closed = False
+        WorkQueue.__init__(self, "request")
         self._held = 0
         self._on_worker = cuda_device_keeper()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -108,13 +106,7 @@ class HFStepFront:
     def submit(self, request: GenerationRequest) -> Future:
         if not request.prompt_ids:
             raise ValueError("a request has an empty prompt")
-        fut: Future = Future()
-        with self._cv:
-            if self._closed:
-                raise FrontClosed("the engine front is closed")
-            self._pending.append(_Request(request, fut, time.perf_counter(), [None] * request.params.n))
-            self._cv.notify()
-        return fut
+        return WorkQueue.submit(self, request)
 
     # ------------------------------------------------------------------ worker
     def _admit(self, running: int) -> Optional[List[_Request]]:
@@ -129,20 +121,13 @@ class HFStepFront:
                 return None
             if running and self._pending:
                 self._held += 1
-                rows = sum(r.request.params.n for r in self._pending)
+                rows = sum(request_rows(r) for r, _, _ in self._pending)
                 if 4 * rows < running and self._held < JOIN_EVERY:
                     return []
             self._held = 0
-            new, rows = [], running
-            while self._pending:
-                n = self._pending[0].request.params.n
-                if rows + n > self.max_rows and rows:
-                    break  # the batch is full: the rest joins as rows leave (an oversized request goes alone)
-                r = self._pending.popleft()
-                if r.future.set_running_or_notify_cancel():
-                    new.append(r)
-                    rows += n
-            return new
+            # the batch is full at max_rows: the rest joins as rows leave (an oversized request goes alone)
+            return [_Request(r, fut, t, [None] * r.params.n)
+                    for r, fut, t in self.take_fitting(self.max_rows, request_rows, used=running)]
 
     def _loop(self) -> None:
         self._on_worker()
@@ -271,11 +256,5 @@ class HFStepFront:
         return b
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            pending, self._pending = list(self._pending), deque()
-            self._cv.notify_all()
-        for r in pending:
-            if r.future.set_running_or_notify_cancel():
-                r.future.set_exception(FrontClosed("the rollout ended before this request ran"))
+        self.close_pending()
         self._thread.join()

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Deque, List, Tuple
+from typing import Callable, Deque, List, Tuple
 
 
 class FrontClosed(RuntimeError):
@@ -44,6 +44,21 @@ class WorkQueue:
         """Every pending triple, removed from the queue (call it holding ``self._cv``)."""
         items, self._pending = list(self._pending), deque()
         return items
+
+    def take_fitting(self, cap: int, size: Callable[[object], int], used: int = 0) -> List[Tuple[object, Future, float]]:
+        """The oldest pending triples whose sizes fit in ``cap`` beside ``used`` (call it holding
+        ``self._cv``). An item larger than ``cap`` is taken alone when nothing is used yet, so it is
+        never starved; an item whose waiter went away (a cancelled future) is dropped, not taken."""
+        taken = []
+        while self._pending:
+            item = self._pending[0]
+            if not item[1].cancelled() and used and used + size(item[0]) > cap:
+                break
+            self._pending.popleft()
+            if item[1].set_running_or_notify_cancel():
+                taken.append(item)
+                used += size(item[0])
+        return taken
 
     def close_pending(self) -> None:
         """Close the queue, wake every waiter, and fail the work that never started."""
