@@ -1,7 +1,7 @@
 """The README's demo numbers, rendered from the committed reports under docs/ (never typed by hand).
 
 ``publish(run, dest)`` copies a finished ``mopd demo`` run (or a ``mopd demo --seeds`` run) into a
-docs folder; ``update_readme`` rewrites every block of README.md between
+docs folder (a run evaluated on both splits: its dev report under dest/dev/); ``update_readme`` rewrites every block of README.md between
 ``<!-- demo-tables:NAME -->`` and ``<!-- /demo-tables:NAME -->`` from those folders:
 
 - ``seed0-systems``: avg@4 / pass@4 / 4/4 of the four systems (docs/demo/report.md's main table);
@@ -60,6 +60,14 @@ def _publish_one(run: Path, dest: Path) -> None:
     for name in RUN_FILES:
         if (run / name).is_file():
             shutil.copy2(run / name, dest / name)
+    _copy_report(report, dest)
+    if report.name == "report" and (run / "report_dev" / "report.md").is_file():
+        # the dev-split evaluation the run's choices were checked on, beside the test one
+        (dest / "dev").mkdir()
+        _copy_report(run / "report_dev", dest / "dev")
+
+
+def _copy_report(report: Path, dest: Path) -> None:
     for name in REPORT_FILES:
         if (report / name).is_file():
             shutil.copy2(report / name, dest / name)

@@ -78,6 +78,15 @@ def test_publish_then_render_into_a_readme(tmp_path):
     publish(tmp_path / "runs" / "demo", docs / "demo")
     assert sorted(p.name for p in (docs / "demo").iterdir()) == ["claims.json", "per_dataset.png", "report.md",
                                                                  "timings.json"]
+    # a run also evaluated on dev (the tuning path) publishes that report under dev/, and renders from test
+    dev = tmp_path / "runs" / "demo" / "report_dev"
+    dev.mkdir()
+    (dev / "report.md").write_text("dev report")
+    (dev / "claims.json").write_text("[]")
+    publish(tmp_path / "runs" / "demo", docs / "demo")
+    assert sorted(p.name for p in (docs / "demo" / "dev").iterdir()) == ["claims.json", "report.md"]
+    assert (docs / "demo" / "dev" / "report.md").read_text() == "dev report"
+    assert (docs / "demo" / "report.md").read_text() != "dev report"
     for n, shift in ((3, 0.0), (4, 0.1)):
         _fake_run(tmp_path / "runs" / "seeds" / f"seed{n}", shift)
     write_seed_summary(tmp_path / "runs" / "seeds", [3, 4], draws=100)
