@@ -100,7 +100,7 @@ class BatchingFront(WorkQueue):
                 while not self._pending and not self._closed:
                     self._cv.wait()
                 deadline = time.perf_counter() + self._gather_s()
-                while not self._closed and self.others() > 0 and self._rows() < self.max_batch_calls:
+                while not self._closed and self.others() > 0 and self.pending_size(request_rows) < self.max_batch_calls:
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
@@ -116,9 +116,6 @@ class BatchingFront(WorkQueue):
             return self.gather_s
         m = self.meter
         return GATHER_SHARE * m.busy_s / m.units if m.units else GATHER_FIRST_S
-
-    def _rows(self) -> int:
-        return sum(request_rows(r) for r, _, _ in self._pending)
 
     def _loop(self) -> None:
         self._on_worker()

@@ -31,11 +31,10 @@ from typing import List, Optional
 import torch
 
 from mopd.core.generation import Completion, GenerationRequest
-from mopd.rollout.async_engine import cuda_device_keeper
+from mopd.rollout.async_engine import cuda_device_keeper, request_rows
 from mopd.rollout.hf_engine import _layer_kv
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
-from mopd.rollout.async_engine import request_rows
 from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 JOIN_EVERY = 8
@@ -121,8 +120,7 @@ class HFStepFront(WorkQueue):
                 return None
             if running and self._pending:
                 self._held += 1
-                rows = sum(request_rows(r) for r, _, _ in self._pending)
-                if 4 * rows < running and self._held < JOIN_EVERY:
+                if 4 * self.pending_size(request_rows) < running and self._held < JOIN_EVERY:
                     return []
             self._held = 0
             # the batch is full at max_rows: the rest joins as rows leave (an oversized request goes alone)

@@ -45,6 +45,10 @@ class WorkQueue:
         items, self._pending = list(self._pending), deque()
         return items
 
+    def pending_size(self, size: Callable[[object], int]) -> int:
+        """The summed size of the pending items (call it holding ``self._cv``)."""
+        return sum(size(item) for item, _, _ in self._pending)
+
     def take_fitting(self, cap: int, size: Callable[[object], int], used: int = 0) -> List[Tuple[object, Future, float]]:
         """The oldest pending triples whose sizes fit in ``cap`` beside ``used`` (call it holding
         ``self._cv``). An item larger than ``cap`` is taken alone when nothing is used yet, so it is

@@ -13,12 +13,13 @@ def test_take_fitting_is_oldest_first_up_to_the_cap_and_an_oversized_item_goes_a
     q = WorkQueue("request")
     futures = [q.submit(n) for n in (3, 4, 2, 9, 1)]
     with q._cv:
+        assert q.pending_size(int) == 19
         assert _sizes(q.take_fitting(8, size=int)) == [3, 4]          # 3 + 4 + 2 > 8: stop before 2
         assert _sizes(q.take_fitting(8, size=int, used=5)) == [2]     # 5 rows run already: 2 fits, 9 does not
         assert _sizes(q.take_fitting(8, size=int, used=7)) == []      # nothing fits beside 7
         assert _sizes(q.take_fitting(8, size=int)) == [9]             # nothing runs: the oversized item alone
         assert _sizes(q.take_fitting(8, size=int)) == [1]
-        assert q.take_fitting(8, size=int) == []
+        assert q.take_fitting(8, size=int) == [] and q.pending_size(int) == 0
     assert all(f.running() for f in futures)                         # taken items are marked running
 
 
