@@ -47,7 +47,7 @@ class WarmStartSettings:
     """SFT steps. The tiny model learns to copy names from its prompt in a sudden transition whose
     step depends on the seed: with ``search_first`` 0.9, at 450 steps pi_0's dev EM was 0.02-0.28 in
     8 runs (below 0.11 in 5), at 800 it was 0.70-0.87 on all 10 seeds; with 0.6, at 800 steps, it
-    was 0.42-0.51 on every seed measured (``mopd world pi0-check``; bench/RESULTS.md, "The demo's
+    was 0.39-0.55 on all 10 seeds (``mopd world pi0-check``; bench/RESULTS.md, "The demo's
     warm start" and "A warm start that under-searches")."""
     episodes_per_step: int = 16
     """Demonstration episodes (all their agent calls) per optimiser step."""
