@@ -1,5 +1,3 @@
-import sys
+from mopd.cli import run
 
-from mopd.cli import main
-
-sys.exit(main())
+run()

@@ -71,5 +71,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     return int(rc or 0)
 
 
+def run() -> None:
+    """The ``mopd`` command: ``main``, then the exit that a torchrun worker needs
+    (``mopd.train.distributed.end_process``)."""
+    code = main()
+    if "mopd.train.distributed" in sys.modules:   # only a training command can have joined a group
+        from mopd.train.distributed import end_process
+
+        end_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

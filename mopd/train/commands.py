@@ -90,8 +90,10 @@ def _train(args) -> int:
             last = trainer.fit(args.steps)
             if args.export:
                 trainer.export(args.export, which=args.export_checkpoint)
-        finally:
-            trainer.close()
+        except BaseException:
+            trainer.close(failed=True)
+            raise
+        trainer.close()
     except (ModelLoadError, TrainingError, CheckpointError) as e:
         raise UserError(str(e)) from None
     if trainer.rank == 0:

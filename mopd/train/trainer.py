@@ -14,7 +14,6 @@ trained tokens of the mini-batch (all-reduced), and gradients are summed over ra
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -25,6 +24,7 @@ from mopd.algo.advantages import role_specs, step_advantages
 from mopd.config import Config, to_dict, to_yaml
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.train import checkpoint as ckpt
+from mopd.train.distributed import all_reduce, init_distributed, leave_process_group, rank_and_world
 from mopd.train.metrics_log import MetricsLogger, plot_training
 from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
@@ -42,48 +42,6 @@ class TrainingError(RuntimeError):
     """The run cannot go on (repeated non-finite updates, lost retriever, ...); a checkpoint was written."""
 
 
-def _dist_info():
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def init_distributed() -> bool:
-    """Join the torchrun process group when launched by torchrun (gloo on CPU, NCCL on CUDA).
-
-    On a GPU without torchrun this starts a one-process NCCL group, so that a single-GPU run takes
-    the same path as a multi-GPU one: FSDP2 with fp32 master weights and bf16 compute, and vLLM
-    through its external launcher. (On CPU a single process stays unsharded, in fp32.)
-    """
-    if dist.is_initialized():
-        return False
-    cuda = torch.cuda.is_available()
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        if not cuda:
-            return False
-        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
-            os.environ.setdefault(key, value)
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
-    return True
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _all_reduce(x: torch.Tensor, op=None) -> torch.Tensor:
-    if dist.is_initialized():
-        dist.all_reduce(x, op=op or dist.ReduceOp.SUM)
-    return x
-
-
 class PolicyTrainer:
     """Trains the shared policy with the method named by ``cfg`` (a preset plus overrides)."""
 
@@ -92,7 +50,7 @@ class PolicyTrainer:
         cfg.check_trainable()
         self._owns_process_group = init_distributed()
         self.cfg = cfg
-        self.rank, self.world = _dist_info()
+        self.rank, self.world = rank_and_world()
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
         self.run_dir = Path(cfg.trainer.out_dir)
@@ -318,14 +276,14 @@ class PolicyTrainer:
         stats = LossStats()
         for group in (batches[i::n_mb] for i in range(n_mb)):
             n_tokens = torch.tensor([float(sum(b.loss_tokens for b in group))], device=self.device)
-            normalizer = max(float(_all_reduce(n_tokens).item()), 1.0)
+            normalizer = max(float(all_reduce(n_tokens).item()), 1.0)
             loss_sum = torch.zeros((), device=self.device)
             for batch in group:
                 loss, mb_stats = self.policy(batch, self.loss, normalizer=normalizer)
                 loss.backward()
                 loss_sum = loss_sum + loss.detach()
                 stats.add_micro_batch(mb_stats)
-            loss_sum = _all_reduce(loss_sum.clone())
+            loss_sum = all_reduce(loss_sum.clone())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             applied = bool(torch.isfinite(loss_sum)) and bool(torch.isfinite(grad_norm))
@@ -368,7 +326,7 @@ class PolicyTrainer:
         """Micro-batches every rank runs: the most any rank has (FSDP's collectives must match)."""
         if not dist.is_initialized():
             return n
-        return int(_all_reduce(torch.tensor([n], device=self.device), dist.ReduceOp.MAX).item())
+        return int(all_reduce(torch.tensor([n], device=self.device), dist.ReduceOp.MAX).item())
 
     def _step_seed(self) -> int:
         return (self.cfg.rollout.seed * 1_000_003 + self.step * 7919 + self.rank * 104_729) % (2 ** 31)
@@ -385,7 +343,7 @@ class PolicyTrainer:
         records = self.rollout(self.dev_questions[self.rank::self.world], settings,
                                attempts=self.cfg.trainer.val_attempts)
         counts = torch.tensor(validation_counts(records), dtype=torch.float64, device=self.device)
-        counts = _all_reduce(counts)
+        counts = all_reduce(counts)
         return validation_metrics(counts.cpu().tolist())
 
     def fit(self, steps: Optional[int] = None) -> Dict[str, float]:
@@ -460,13 +418,15 @@ class PolicyTrainer:
             ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), self.model)
         return ckpt.export_hf(self.model, self.tokenizer, out_dir)
 
-    def close(self) -> None:
-        """Close the logs and, when this trainer started the process group, shut it down: a
-        process that exits with the group's threads still alive is aborted by the C++ runtime
-        ("terminate called without an active exception", seen on a resumed 2-rank run)."""
+    def close(self, *, failed: bool = False) -> None:
+        """Close the logs and, when this trainer started the process group, leave it: after a
+        barrier on a clean close (``failed=False``, on every rank), without one after a failure
+        (a failed rank must not wait for peers that may never come). A process that ran a
+        multi-rank CPU group should then end through ``distributed.end_process``
+        (``mopd train`` does): see that module for the exit race it avoids."""
         self.logger.close()
         if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+            leave_process_group(wait_for_peers=not failed)
             self._owns_process_group = False
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: tests.helpers
 
 from mopd.config import resolve  # noqa: E402
+from mopd.train.distributed import end_process  # noqa: E402
 from mopd.train.trainer import PolicyTrainer  # noqa: E402
 from tests.helpers.retrievers import FakeRetriever  # noqa: E402
 from tests.helpers.training import tiny_overrides  # noqa: E402
@@ -28,3 +29,4 @@ if resume:   # export the step-2 checkpoint as the best one: a model-only load i
     result["best_digest"] = float(sum(p.detach().full_tensor().double().sum() for p in t.model.parameters()))
 (Path(out) / f"result_rank{t.rank}.json").write_text(json.dumps(result))
 t.close()
+end_process(0)   # as `mopd train` ends: a plain exit can abort in gloo's threads (mopd.train.distributed)
