@@ -46,8 +46,9 @@ class WorkQueue:
         return items
 
     def pending_size(self, size: Callable[[object], int]) -> int:
-        """The summed size of the pending items (call it holding ``self._cv``)."""
-        return sum(size(item) for item, _, _ in self._pending)
+        """The summed size of the pending items whose waiter still wants them (call it holding
+        ``self._cv``): a cancelled item is dropped when taken, so it is no work to wait for."""
+        return sum(size(item) for item, fut, _ in self._pending if not fut.cancelled())
 
     def take_fitting(self, cap: int, size: Callable[[object], int], used: int = 0) -> List[Tuple[object, Future, float]]:
         """The oldest pending triples whose sizes fit in ``cap`` beside ``used`` (call it holding

@@ -28,6 +28,7 @@ def test_take_fitting_drops_items_whose_waiter_went_away_without_counting_them()
     a, b, c = q.submit(5), q.submit(5), q.submit(2)
     assert b.cancel()
     with q._cv:
+        assert q.pending_size(int) == 7                              # the cancelled 5 is not pending work
         taken = q.take_fitting(7, size=int)
     assert _sizes(taken) == [5, 2] and b.cancelled()                 # the cancelled 5 took no room
     assert taken[0][1] is a and taken[1][1] is c
