@@ -15,8 +15,11 @@ live until teardown (pytorch/pytorch PR 179291 describes the same race and was a
 So: ``leave_process_group`` waits at a barrier (every rank's collectives are done, and the GIL is
 released while waiting, so pending drops can run) and destroys the group; a process that used a
 multi-rank gloo group then ends through ``end_process``, which flushes what Python buffers and
-exits without interpreter teardown. NCCL's ``shutdown`` joins its own threads, so GPU runs exit
-normally.
+exits without interpreter teardown. NCCL groups keep the normal exit: their ``shutdown`` (called
+by ``destroy_process_group``) drains in-flight work and tells the watchdog to flush its queue
+(verified by reading ProcessGroupNCCL.cpp; some versions say they do not join the threads there).
+Whether a GPU run can hit the same race was not measured (no GPU lent); if one aborts at exit
+after its files are written, widen ``leave_process_group``'s condition to NCCL.
 """
 
 from __future__ import annotations
