@@ -23,18 +23,12 @@ from typing import Protocol
 
 import numpy as np
 
+from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
 DENSE_KINDS = ("flat", "ivf", "hnsw", "torch")
 INDEX_KINDS = DENSE_KINDS + ("bm25",)
-
-
-class IndexDirError(ValueError):
-    """A missing or unreadable index directory, or a bad index kind."""
-
-
-class IndexMismatch(ValueError):
-    """An index used with a query encoder or a corpus other than the ones it was built from."""
 
 
 class SearchIndex(Protocol):
