@@ -36,6 +36,13 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
 DTYPES = {"auto", "float32", "bfloat16", "float16"}
 """Weight dtypes a model or engine can be loaded in (auto: per device)."""
 
+SCHEDULERS = ("auto", "lockstep", "async")
+"""Rollout schedulers (``rollout.scheduler``; ``mopd.rollout.async_scheduler.run_rollout``)."""
+
+ENGINES = ("hf", "vllm")
+"""The rollout engines' names (``rollout.engine``); ``mopd.rollout.engines.build_engine`` builds each
+and says what it is."""
+
 WORKFLOW_STEPS = {"cmas": 5, "hmas": 12}
 """The paper's environment-step limit of each workflow (H-MAS also has 5 delegation rounds); the
 presets use it, and an evaluation of the other workflow than the config's falls back to it."""
@@ -139,6 +146,10 @@ class RolloutConfig:
     it never saw, and a Searcher can bypass the Leader's decomposition."""
     max_batch_calls: int = 256
     """Upper bound on agent calls sent to the engine in one generate() batch."""
+    scheduler: str = "auto"
+    """Rollout scheduler: auto (the engine's preference: asynchronous for vLLM, lock-step for the HF
+    engine, measured faster on CPU), lockstep (every workflow's step together; bit-reproducible), or
+    async (every turn submitted as soon as its inputs are ready). The records are the same."""
     gpu_memory_utilization: float = 0.85
     """vLLM: fraction of GPU memory for its weights and KV cache while it generates. The engine
     sleeps (level 2: both freed) while the trainer scores and updates, so the two never need the
@@ -149,8 +160,9 @@ class RolloutConfig:
     """Base sampling seed; each step and call derives its own."""
 
     def __post_init__(self):
-        _choice("rollout.engine", self.engine, {"hf", "vllm"})
+        _choice("rollout.engine", self.engine, set(ENGINES))
         _choice("rollout.workflow", self.workflow, {"cmas", "hmas"})
+        _choice("rollout.scheduler", self.scheduler, set(SCHEDULERS))
         for name in ("group_size", "answer_candidates", "max_input_tokens", "max_output_tokens",
                      "max_steps", "max_rounds", "max_batch_calls", "tensor_parallel_size"):
             _positive(f"rollout.{name}", getattr(self, name))
@@ -402,7 +414,7 @@ class Config:
         if self.rollout.workflow == "cmas" and self.algo.leader.advantage == "opd":
             raise ConfigError("algo.leader.advantage=opd makes no sense for the cmas workflow (no Leader)")
         if self.trainer.old_logprobs == "rollout":
-            if self.rollout.engine != "hf":
+            if self.rollout.engine != "hf":   # the early form of the trainer's check of the engine's capabilities
                 raise ConfigError("trainer.old_logprobs=rollout needs rollout.engine=hf: other engines compute "
                                   "sampling log-probs differently (precision, processed logits); use recompute")
             if self.rollout.top_p < 1:

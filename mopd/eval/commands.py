@@ -87,7 +87,7 @@ def _run(args) -> int:
     except ImportError as e:
         raise UserError(f"the rollout scheduler is not available ({e})") from None
     from mopd.retriever import load_retriever
-    from mopd.rollout.engine import build_engine, evaluation_dtype
+    from mopd.rollout.engines import build_engine, evaluation_dtype
 
     engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
     tokenizer = getattr(engine, "tokenizer", None)

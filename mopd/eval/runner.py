@@ -200,10 +200,13 @@ def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: E
     """
     engine = model_or_engine
     if not hasattr(model_or_engine, "generate") or _is_module(model_or_engine):
-        from mopd.rollout.engine import build_engine, evaluation_dtype
+        from mopd.rollout.engines import build_engine, evaluation_dtype
 
         dtype = evaluation_dtype(cfg.rollout, cfg.eval)
-        engine = build_engine(cfg.rollout, model_or_engine, tokenizer, dtype=dtype)
+        if _is_module(model_or_engine):
+            engine = build_engine(cfg.rollout, "", dtype=dtype, trainer_model=(model_or_engine, tokenizer))
+        else:
+            engine = build_engine(cfg.rollout, model_or_engine, dtype=dtype)
     if tokenizer is None:
         tokenizer = getattr(engine, "tokenizer", None)
     return run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_fn, progress=progress)

@@ -41,7 +41,7 @@ def _rollout(args) -> int:
     from mopd.core.qa import load_questions
     from mopd.core.records import write_records
     from mopd.core.scoring import exact_match
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engines import build_engine
     from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
     from mopd.rollout.vllm_engine import EngineUnavailable

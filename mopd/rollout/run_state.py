@@ -58,6 +58,8 @@ class WorkflowSettings:
     """Async scheduler: search calls in flight at once (1 for an in-process index, a few for HTTP)."""
     retrieval_timeout_s: float = 0.0
     """Async scheduler: a search call not answered by then fails its runs; 0: wait."""
+    scheduler: str = "auto"
+    """auto (the engine's preference), lockstep or async (``rollout.scheduler``)."""
 
     @classmethod
     def for_training(cls, cfg, seed: int) -> "WorkflowSettings":
@@ -68,7 +70,8 @@ class WorkflowSettings:
                    searcher_sees_question=r.searcher_sees_question, max_input_tokens=r.max_input_tokens,
                    max_output_tokens=r.max_output_tokens, answer_candidates=r.answer_candidates,
                    temperature=r.temperature, top_p=r.top_p, seed=seed, topk=cfg.retriever.topk,
-                   max_batch_calls=r.max_batch_calls, retrieval_workers=4 if cfg.retriever.kind == "http" else 1)
+                   max_batch_calls=r.max_batch_calls, retrieval_workers=4 if cfg.retriever.kind == "http" else 1,
+                   scheduler=r.scheduler)
 
     @classmethod
     def for_evaluation(cls, cfg, workflow: str = "", seed: int | None = None) -> "WorkflowSettings":

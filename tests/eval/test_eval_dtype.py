@@ -16,7 +16,7 @@ def test_float16_is_a_model_dtype_but_not_a_training_one(tmp_path):
 
 
 def test_evaluation_engines_default_to_float16_on_gpu(monkeypatch):
-    from mopd.rollout.engine import evaluation_dtype
+    from mopd.rollout.engines import evaluation_dtype
 
     assert EvalConfig().engine_dtype(cuda=True) == "float16"
     assert EvalConfig().engine_dtype(cuda=False) == "float32"
