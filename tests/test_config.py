@@ -16,7 +16,7 @@ def test_every_preset_resolves_and_describes(capsys):
 def test_dotted_overrides_both_forms():
     cfg = resolve("mopd", ["--trainer.lr", "2e-6", "rollout.group_size=8", "--algo.dual_clip=3.0"])
     assert cfg.trainer.lr == 2e-6 and cfg.rollout.group_size == 8 and cfg.algo.dual_clip == 3.0
-    assert cfg.algo.searcher.advantage == "opd" and cfg.reward.kl_roles == ["leader", "answerer"]
+    assert cfg.algo.role("searcher").advantage == "opd" and cfg.reward.kl_roles == ["leader", "answerer"]
 
 
 def test_unknown_key_names_it_and_the_choices():

@@ -76,14 +76,13 @@ class WorkflowSettings:
     @classmethod
     def for_evaluation(cls, cfg, workflow: str = "", seed: int | None = None) -> "WorkflowSettings":
         """Evaluation (and validation): the config's limits with ``cfg.eval`` sampling and candidates.
-        A workflow other than the config's gets the paper's step limit for it (``WORKFLOW_STEPS``)."""
-        from mopd.config import WORKFLOW_STEPS
+        A workflow other than the config's gets the paper's step limit for it (the workflow table's)."""
+        from mopd.core.workflows import workflow as workflow_entry
 
         workflow = workflow or cfg.rollout.workflow
-        if workflow not in WORKFLOW_STEPS:
-            raise ValueError(f"workflow {workflow!r} is not valid; choose one of {sorted(WORKFLOW_STEPS)}")
+        limit = workflow_entry(workflow).max_steps   # an unknown name fails here
         train = cls.for_training(cfg, cfg.rollout.seed if seed is None else seed)
-        steps = train.max_steps if workflow == cfg.rollout.workflow else WORKFLOW_STEPS[workflow]
+        steps = train.max_steps if workflow == cfg.rollout.workflow else limit
         return dataclasses.replace(train, workflow=workflow, max_steps=steps, temperature=cfg.eval.temperature,
                                    top_p=cfg.eval.top_p, answer_candidates=cfg.eval.answer_candidates)
 

@@ -311,8 +311,11 @@ class PolicyTrainer:
                                 f"stopped (checkpoint {path}). Lower trainer.lr or check the data.")
 
     def _judge(self, records) -> Optional[Dict]:
-        """The prompted critic's verdicts on every Searcher report (the current policy judges)."""
-        if self.cfg.reward.searcher != "critic":
+        """The prompted critic's verdicts on every Searcher report (the current policy judges), when a
+        role's reward needs them."""
+        from mopd.algo.rewards import role_reward_objects
+
+        if not any(r.needs_judge for r in role_reward_objects(self.cfg.reward).values()):
             return None
         from mopd.algo.critic import judge_items, judge_reports, verdicts_by_call
 
