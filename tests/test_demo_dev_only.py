@@ -58,6 +58,7 @@ def _between_world_and_eval(log):
     return log[start:ends[0] if ends else len(log)]
 
 
+@pytest.mark.slow
 def test_no_test_split_read_before_the_final_evaluation(tmp_path, phases):
     s = DemoSettings(out=str(tmp_path / "d"), quick=True, stage1_steps=1, stage2_steps=1, test_questions=2,
                      attempts=1, bootstrap_draws=20, pi0_check_attempts=1, eval_split="dev")

@@ -31,6 +31,7 @@ def _records_without_timings(run_dir):
     return rows
 
 
+@pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path):
     out = tmp_path / "demo"
     s = DemoSettings(out=str(out), quick=True, stage1_steps=2, stage2_steps=2, test_questions=4, attempts=2,
@@ -88,7 +89,7 @@ def test_claims_are_paired_differences_of_avg(tmp_path):
     """check_claims against hand-made records: the trained system gets exactly 2 more attempts of 4 right
     on every question, so the paired difference is +0.5 in every draw (unpaired draws would spread it)."""
     from mopd.core.records import WorkflowRecord, write_records
-    from mopd.demo import check_claims
+    from mopd.demo_report import check_claims
 
     def run(name, correct_per_q, workflow):
         recs = []
