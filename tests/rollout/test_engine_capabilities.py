@@ -108,3 +108,14 @@ def test_run_rollout_takes_the_configured_scheduler_or_the_engines_preference(
     records = run_rollout(engine, FakeRetriever(), tokenizer, questions, settings, attempts=2, progress=False)
     assert len(records) == 6 and (used == ["async"]) == async_expected
     assert all(r.calls for r in records)
+
+
+def test_the_configured_scheduler_reaches_training_and_evaluation_rollouts():
+    from mopd.config import ConfigError, resolve
+
+    cfg = resolve("cmas_rl", ["rollout.scheduler=async"])
+    assert WorkflowSettings.for_training(cfg, seed=3).scheduler == "async"
+    assert WorkflowSettings.for_evaluation(cfg, "hmas").scheduler == "async"
+    assert WorkflowSettings.for_training(resolve("cmas_rl"), seed=3).scheduler == "auto"
+    with pytest.raises(ConfigError, match="rollout.scheduler"):
+        resolve("cmas_rl", ["rollout.scheduler=eager"])
