@@ -692,6 +692,7 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
         layers.append(OmegaConf.from_dotlist(items))
     try:
         merged = OmegaConf.merge(schema, *layers)
+        _check_role_choices(merged)
         cfg = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
         key = getattr(e, "full_key", None) or str(e)
@@ -708,6 +709,16 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
     except ValueError as e:   # a check of a type the config borrows (RoleSpec)
         raise ConfigError(str(e)) from None
     return cfg
+
+
+def _check_role_choices(merged) -> None:
+    """The choice fields of each role's RoleSpec, checked where the full key can still be named
+    (RoleSpec's own check, when the config is built, knows only its field)."""
+    from mopd.kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES
+
+    for name, spec in merged.algo.roles.items():
+        _choice(f"algo.roles.{name}.advantage", spec.advantage, set(ADVANTAGE_SOURCES))
+        _choice(f"algo.roles.{name}.kl_type", spec.kl_type, set(KL_TYPES))
 
 
 def _check_yaml_shape(name: str, layer, schema) -> None:

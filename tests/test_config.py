@@ -89,5 +89,7 @@ def test_role_settings_by_role_name_in_both_spellings(tmp_path):
         resolve("mopd", ["reward.leader=bonus"])
     with pytest.raises(ConfigError, match="algo.roles.searcher.pg_coef=-1.0 must be >= 0"):
         resolve("mopd", ["algo.searcher.pg_coef=-1"])
-    with pytest.raises(ConfigError, match="RoleSpec.kl_type='k4'"):
+    with pytest.raises(ConfigError, match="algo.roles.searcher.kl_type='k4' is not valid"):
         resolve("mopd", ["algo.searcher.kl_type=k4"])
+    with pytest.raises(ConfigError, match="algo.roles.leader.advantage='grpo' is not valid; choose one of"):
+        resolve("mopd", ["algo.leader.advantage=grpo"])
