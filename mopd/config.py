@@ -629,6 +629,8 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
     layers = []
     if yaml_file:
         p = Path(yaml_file)
+        if p.is_dir():
+            raise ConfigError(f"config file {yaml_file} is a directory; --file takes a YAML file")
         if not p.is_file():
             raise ConfigError(f"config file {yaml_file} does not exist")
         try:
