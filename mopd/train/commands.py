@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mopd.core.arguments import add_overrides_argument
 
 
@@ -17,6 +19,9 @@ def register(sub) -> None:
                    help="continue from the newest checkpoint in trainer.out_dir that verifies (exactly: "
                         "weights, optimizer, scheduler, RNG, data position); the method, model, teacher, data and "
                         "config must be the run's own (see --allow-changed)")
+    p.add_argument("--resume-or-start", action="store_true",
+                   help="as --resume when trainer.out_dir holds a run, else start a fresh one there (plain "
+                        "--resume refuses a directory without a run: a mistyped path must not restart training)")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in a trainer.out_dir that holds a run, moving that run's files aside to "
                         "OUT_DIR.replaced-<time>/ (without it such a start is refused)")
@@ -28,7 +33,8 @@ def register(sub) -> None:
                    help="after training, also write a Hugging Face model here (e.g. the Stage-I teacher)")
     p.add_argument("--export-checkpoint", choices=["best", "last"], default="best",
                    help="what --export writes: the best-validation checkpoint (the paper's selection; the last "
-                        "weights when no validation ran) or the last weights (default best)")
+                        "weights when no validation ran) or the last weights (default best, as `mopd export`). "
+                        "DIR must be new, empty, or an earlier export of this run")
     p.add_argument("preset", help="method preset (cmas_rl, mopd, outcome_searcher, base_teacher, "
                                   "no_searcher_supervision, prompted_critic)")
     add_overrides_argument(p)
@@ -40,10 +46,13 @@ def register(sub) -> None:
                                    "in Hugging Face format, loadable by transformers and vLLM (and as a teacher). "
                                    "The checkpoint must verify against its manifest.")
     e.add_argument("checkpoint", help="checkpoint directory (RUN/checkpoints/step_N) or run directory")
-    e.add_argument("--checkpoint", dest="which", default="latest", metavar="WHICH",
-                   help="for a run directory: latest (the newest checkpoint that verifies; default), best (the "
-                        "best-validation checkpoint, kept beside the last K) or a step number")
-    e.add_argument("--out", required=True, help="output model directory")
+    e.add_argument("--checkpoint", dest="which", default="best", metavar="WHICH",
+                   help="for a run directory: best (the best-validation checkpoint, kept beside the last K: the "
+                        "paper's model selection, and what `mopd train --export` writes; the latest when the run "
+                        "never validated; default), latest (the newest checkpoint that verifies) or a step number")
+    e.add_argument("--out", required=True,
+                   help="output model directory: new, empty, or an earlier export of the same run (which it "
+                        "replaces); anything else is refused, never deleted")
     e.add_argument("--base-model", default=None,
                    help="architecture/tokenizer source (default: the model.path recorded in the checkpoint)")
     e.set_defaults(func=_export)
@@ -58,30 +67,40 @@ def _train(args) -> int:
     from mopd.config import resolve
     from mopd.core.errors import UserError
     from mopd.train.preflight import PreflightError, check_training_inputs
-    from mopd.train.run_dir import RunDirError, default_out_dir, discard_unstarted, prepare_run_dir
 
-    if args.allow_changed and not args.resume:
+    if args.allow_changed and not (args.resume or args.resume_or_start):
         raise UserError("--allow-changed only applies with --resume")
+    if args.resume and args.resume_or_start:
+        raise UserError("--resume and --resume-or-start: choose one")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    from mopd.train.run_dir import default_out_dir
+
     default_out_dir(cfg, args.preset)
+    lock = None
     try:
         check_training_inputs(cfg)
+        check_run_outputs(cfg, args)
         start = None
+        resume = args.resume or args.resume_or_start
         if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 owns the directory
-            start = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite,
-                                    allow_changed=args.allow_changed)
-    except (PreflightError, RunDirError) as e:
+            resume = resume_or_refuse(cfg, args)
+            lock = lock_run(cfg.trainer.out_dir, "mopd train" + (" --resume" if resume else ""))
+            start = prepare_run(cfg, resume, args)
+        elif args.resume_or_start:
+            resume = has_run(cfg)
+    except (PreflightError, RunCommandError) as e:
         raise UserError(str(e)) from None
     from mopd.train.checkpoint import CheckpointError
     from mopd.train.model import ModelLoadError
+    from mopd.train.run_dir import discard_unstarted
     from mopd.train.trainer import PolicyTrainer, TrainingError
 
     try:
         try:
-            trainer = PolicyTrainer(cfg, resume=args.resume)
+            trainer = PolicyTrainer(cfg, resume=resume)
         except BaseException:
-            if start is not None and not args.resume:   # nothing trained: the directory is free again
+            if start is not None and not resume:   # nothing trained: the directory is free again
                 discard_unstarted(Path(cfg.trainer.out_dir))
             raise
         for line in start.events if start is not None else ():
@@ -96,20 +115,101 @@ def _train(args) -> int:
         trainer.close()
     except (ModelLoadError, TrainingError, CheckpointError) as e:
         raise UserError(str(e)) from None
+    finally:
+        if lock is not None:
+            lock.release()
     if trainer.rank == 0:
         shown = {k: round(v, 4) for k, v in last.items() if k in ("rollout/em", "val/em", "loss/total")}
         print(f"done: step {trainer.step}, {shown}; run directory {cfg.trainer.out_dir}")
     return 0
 
 
+class RunCommandError(ValueError):
+    """The run directory or an output path of `mopd train` cannot be used (one line)."""
+
+
+def check_run_outputs(cfg, args) -> None:
+    """Before anything is written: trainer.out_dir is a writable directory (and its checkpoints/)
+    with room for a checkpoint, and --export may write its directory."""
+    from mopd.core.out_path import out_dir_problem
+    from mopd.train.disk_space import checkpoint_bytes, free_space_problem
+    from mopd.train.export_target import ExportTargetError, check_export_target
+
+    out = cfg.trainer.out_dir
+    problem = out_dir_problem(out, inner=("checkpoints",))
+    if problem:
+        raise RunCommandError(f"trainer.out_dir={out} {problem}")
+    problem = free_space_problem(out, checkpoint_bytes(cfg.model.path))   # every run saves its last step
+    if problem:
+        raise RunCommandError(f"trainer.out_dir={out} {problem}")
+    if args.export:
+        try:
+            check_export_target(args.export, out, flag="--export")
+        except ExportTargetError as e:
+            raise RunCommandError(str(e)) from None
+
+
+def has_run(cfg) -> bool:
+    from mopd.train.run_dir import present_entries
+
+    out = Path(cfg.trainer.out_dir)
+    return out.is_dir() and bool(present_entries(out))
+
+
+def resume_or_refuse(cfg, args) -> bool:
+    """Whether this start resumes: --resume needs a run in trainer.out_dir (a mistyped path must not
+    silently train from step 0); --resume-or-start resumes one if it is there."""
+    if not (args.resume or args.resume_or_start):
+        return False
+    if has_run(cfg):
+        return True
+    if args.resume_or_start:
+        return False
+    raise RunCommandError(f"--resume: trainer.out_dir={cfg.trainer.out_dir} holds no run to resume (no run.json, "
+                          "checkpoints or metrics); check the path, or pass --resume-or-start to start a fresh "
+                          "run there")
+
+
+def lock_run(run_dir, purpose: str):
+    from mopd.train.run_lock import RunLock, RunLocked
+
+    try:
+        return RunLock(run_dir, purpose)
+    except RunLocked as e:
+        raise RunCommandError(str(e)) from None
+
+
+def prepare_run(cfg, resume: bool, args):
+    from mopd.train.run_dir import RunDirError, prepare_run_dir
+
+    try:
+        return prepare_run_dir(cfg, resume=resume, overwrite=args.overwrite, allow_changed=args.allow_changed)
+    except RunDirError as e:
+        raise RunCommandError(str(e)) from None
+
+
 def _export(args) -> int:
     from mopd.core.errors import UserError
     from mopd.train.checkpoint import CheckpointError, export_checkpoint
+    from mopd.train.export_target import run_of
+    from mopd.train.run_lock import RunLock, RunLocked
 
+    run = run_of(args.checkpoint)
+    lock = None
+    if (run / "checkpoints").is_dir():   # retention of a training run must not delete what is being read
+        try:
+            lock = RunLock(run, "mopd export")
+        except RunLocked as e:
+            raise UserError(str(e)) from None
+        except OSError:                  # a read-only run (a published one): nothing writes it either
+            lock = None
     try:
         out = export_checkpoint(args.checkpoint, args.out, args.base_model, which=args.which, log=print)
     except CheckpointError as e:
         raise UserError(str(e)) from None
+    finally:
+        if lock is not None:
+            lock.release()
     print(f"exported {out}")
     return 0
 
