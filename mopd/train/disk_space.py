@@ -58,15 +58,28 @@ def free_space_problem(run_dir: str | os.PathLike, need: int | None) -> str | No
             f"{need / MB:.0f} MB: free some space or set another trainer.out_dir")
 
 
+def _causes(e: BaseException):
+    """``e``, the exceptions it was raised from, and those torch.distributed.checkpoint wrapped
+    (its CheckpointException carries each rank's error in ``failures``)."""
+    todo, seen = [e], set()
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo += [x.__cause__, x.__context__]
+        todo += [f[0] for f in (getattr(x, "failures", None) or {}).values() if isinstance(f, tuple) and f]
+
+
 def is_out_of_space(e: BaseException, run_dir, need: int | None) -> bool:
-    """``e`` (from a save) means the disk is full: ENOSPC/EDQUOT anywhere in its chain, or an error
-    of torch's zip writer (which hides the errno) while the disk has less than ``need`` left."""
-    seen = e
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    if isinstance(e, RuntimeError) and need:
+    """``e`` (from a save) means the disk is full: ENOSPC/EDQUOT anywhere among its causes, or an
+    error of torch's zip writer (which hides the errno: "unexpected pos ...") while the disk has
+    less than ``need`` left."""
+    causes = list(_causes(e))
+    if any(isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT) for c in causes):
+        return True
+    if need and any(isinstance(c, RuntimeError) for c in causes):
         return shutil.disk_usage(nearest_existing(Path(run_dir))).free < need
     return False
 

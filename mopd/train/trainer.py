@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.algo.advantages import role_specs, step_advantages
 from mopd.config import Config, to_dict, to_yaml
@@ -160,7 +161,7 @@ class PolicyTrainer:
         try:
             path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.trainer_state(),
                                         keep=self.cfg.trainer.keep_checkpoints)
-        except (OSError, RuntimeError) as e:
+        except (OSError, RuntimeError, CheckpointException) as e:   # DCP wraps a rank's error in the last
             need = _dir_bytes(previous[-1]) if previous else checkpoint_bytes(self.cfg.model.path)
             if not is_out_of_space(e, self.run_dir, need):
                 raise
