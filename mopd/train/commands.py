@@ -87,8 +87,6 @@ def _train(args) -> int:
             resume = resume_or_refuse(cfg, args)
             lock = lock_run(cfg.trainer.out_dir, "mopd train" + (" --resume" if resume else ""))
             start = prepare_run(cfg, resume, args)
-        elif args.resume_or_start:
-            resume = has_run(cfg)
     except (PreflightError, RunCommandError) as e:
         raise UserError(str(e)) from None
     from mopd.train.checkpoint import CheckpointError
@@ -98,7 +96,9 @@ def _train(args) -> int:
 
     try:
         try:
-            trainer = PolicyTrainer(cfg, resume=resume)
+            # Every rank looks for a checkpoint when asked to (a collective): with --resume-or-start
+            # in a new directory rank 0 has just started the run, and finds none, as the others do.
+            trainer = PolicyTrainer(cfg, resume=args.resume or args.resume_or_start)
         except BaseException:
             if start is not None and not resume:   # nothing trained: the directory is free again
                 discard_unstarted(Path(cfg.trainer.out_dir))
@@ -149,19 +149,15 @@ def check_run_outputs(cfg, args) -> None:
             raise RunCommandError(str(e)) from None
 
 
-def has_run(cfg) -> bool:
-    from mopd.train.run_dir import present_entries
-
-    out = Path(cfg.trainer.out_dir)
-    return out.is_dir() and bool(present_entries(out))
-
-
 def resume_or_refuse(cfg, args) -> bool:
     """Whether this start resumes: --resume needs a run in trainer.out_dir (a mistyped path must not
     silently train from step 0); --resume-or-start resumes one if it is there."""
+    from mopd.train.run_dir import present_entries
+
     if not (args.resume or args.resume_or_start):
         return False
-    if has_run(cfg):
+    out = Path(cfg.trainer.out_dir)
+    if out.is_dir() and present_entries(out):
         return True
     if args.resume_or_start:
         return False
