@@ -5,6 +5,8 @@
 - ``mopd.core.qa``: QA datasets (FlashRAG jsonl, Search-R1 parquet).
 - ``mopd.core.roles``: the role table (name, id, prompt, stop strings, parser, advantage grouping).
 - ``mopd.core.errors`` / ``mopd.core.arguments``: the CLI's error type and override argument.
+- ``mopd.core.model_dir`` / ``mopd.core.out_path``: can a model directory be loaded, can an output
+  directory be written (checked before anything loads).
 
 It imports nothing of ours but ``mopd.config`` (``tests/test_layering.py`` checks it), and this
 ``__init__`` imports nothing at all, so reading a record does not pull in torch.

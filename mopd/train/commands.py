@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from mopd.core.arguments import add_overrides_argument
 
 
@@ -54,7 +52,8 @@ def register(sub) -> None:
                    help="output model directory: new, empty, or an earlier export of the same run (which it "
                         "replaces); anything else is refused, never deleted")
     e.add_argument("--base-model", default=None,
-                   help="architecture/tokenizer source (default: the model.path recorded in the checkpoint)")
+                   help="architecture/tokenizer source (default: the run's model.path in run.json, else the one "
+                        "recorded in the checkpoint); a checkpoint that does not fit it is skipped or refused")
     e.set_defaults(func=_export)
     _register_plan(sub)
 
@@ -67,6 +66,7 @@ def _train(args) -> int:
     from mopd.config import resolve
     from mopd.core.errors import UserError
     from mopd.train.preflight import PreflightError, check_training_inputs
+    from mopd.train.run_start import RunCommandError, check_run_outputs, lock_run, prepare_run, resume_or_refuse
 
     if args.allow_changed and not (args.resume or args.resume_or_start):
         raise UserError("--allow-changed only applies with --resume")
@@ -80,13 +80,13 @@ def _train(args) -> int:
     lock = None
     try:
         check_training_inputs(cfg)
-        check_run_outputs(cfg, args)
+        check_run_outputs(cfg, args.export)
         start = None
         resume = args.resume or args.resume_or_start
         if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 owns the directory
-            resume = resume_or_refuse(cfg, args)
+            resume = resume_or_refuse(cfg, args.resume, args.resume_or_start)
             lock = lock_run(cfg.trainer.out_dir, "mopd train" + (" --resume" if resume else ""))
-            start = prepare_run(cfg, resume, args)
+            start = prepare_run(cfg, resume, args.overwrite, args.allow_changed)
     except (PreflightError, RunCommandError) as e:
         raise UserError(str(e)) from None
     from mopd.train.checkpoint import CheckpointError
@@ -122,66 +122,6 @@ def _train(args) -> int:
         shown = {k: round(v, 4) for k, v in last.items() if k in ("rollout/em", "val/em", "loss/total")}
         print(f"done: step {trainer.step}, {shown}; run directory {cfg.trainer.out_dir}")
     return 0
-
-
-class RunCommandError(ValueError):
-    """The run directory or an output path of `mopd train` cannot be used (one line)."""
-
-
-def check_run_outputs(cfg, args) -> None:
-    """Before anything is written: trainer.out_dir is a writable directory (and its checkpoints/)
-    with room for a checkpoint, and --export may write its directory."""
-    from mopd.core.out_path import out_dir_problem
-    from mopd.train.disk_space import checkpoint_bytes, free_space_problem
-    from mopd.train.export_target import ExportTargetError, check_export_target
-
-    out = cfg.trainer.out_dir
-    problem = out_dir_problem(out, inner=("checkpoints",))
-    if problem:
-        raise RunCommandError(f"trainer.out_dir={out} {problem}")
-    problem = free_space_problem(out, checkpoint_bytes(cfg.model.path))   # every run saves its last step
-    if problem:
-        raise RunCommandError(f"trainer.out_dir={out} {problem}")
-    if args.export:
-        try:
-            check_export_target(args.export, out, flag="--export")
-        except ExportTargetError as e:
-            raise RunCommandError(str(e)) from None
-
-
-def resume_or_refuse(cfg, args) -> bool:
-    """Whether this start resumes: --resume needs a run in trainer.out_dir (a mistyped path must not
-    silently train from step 0); --resume-or-start resumes one if it is there."""
-    from mopd.train.run_dir import present_entries
-
-    if not (args.resume or args.resume_or_start):
-        return False
-    out = Path(cfg.trainer.out_dir)
-    if out.is_dir() and present_entries(out):
-        return True
-    if args.resume_or_start:
-        return False
-    raise RunCommandError(f"--resume: trainer.out_dir={cfg.trainer.out_dir} holds no run to resume (no run.json, "
-                          "checkpoints or metrics); check the path, or pass --resume-or-start to start a fresh "
-                          "run there")
-
-
-def lock_run(run_dir, purpose: str):
-    from mopd.train.run_lock import RunLock, RunLocked
-
-    try:
-        return RunLock(run_dir, purpose)
-    except RunLocked as e:
-        raise RunCommandError(str(e)) from None
-
-
-def prepare_run(cfg, resume: bool, args):
-    from mopd.train.run_dir import RunDirError, prepare_run_dir
-
-    try:
-        return prepare_run_dir(cfg, resume=resume, overwrite=args.overwrite, allow_changed=args.allow_changed)
-    except RunDirError as e:
-        raise RunCommandError(str(e)) from None
 
 
 def _export(args) -> int:

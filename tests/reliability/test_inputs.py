@@ -12,12 +12,9 @@ from mopd.core.qa import DataError, load_questions
 from mopd.core.scoring import exact_match, extract_answer
 
 
-def test_why_an_empty_gold_answer_must_be_refused():
-    assert exact_match(extract_answer("<answer>the</answer>"), [""]) == 1.0
-
-
 @pytest.mark.parametrize("gold", ["", "   ", "the", " An ", "."])
 def test_flashrag_rows_with_an_empty_gold_answer_are_refused_with_line_and_id(tmp_path, gold):
+    assert exact_match(extract_answer("<answer>the</answer>"), [gold]) == 1.0     # what it would pay
     f = tmp_path / "train.jsonl"
     rows = [{"id": "ok1", "question": "Q1?", "golden_answers": ["Paris"]},
             {"id": "bad7", "question": "Q2?", "golden_answers": ["Rome", gold]}]
