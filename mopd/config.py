@@ -735,6 +735,10 @@ def _check_role_choices(merged) -> None:
     for name, spec in merged.algo.roles.items():
         _choice(f"algo.roles.{name}.advantage", spec.advantage, set(ADVANTAGE_SOURCES))
         _choice(f"algo.roles.{name}.kl_type", spec.kl_type, set(KL_TYPES))
+        for coef in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
+            value = spec[coef]
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"algo.roles.{name}.{coef}={value} must be a finite number")
 
 
 def _check_yaml_shape(name: str, layer, schema) -> None:

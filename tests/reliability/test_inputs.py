@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mopd.cli import main
-from mopd.config import ConfigError, resolve
+from mopd.config import ConfigError, role_key, resolve
 from mopd.core.qa import DataError, load_questions
 from mopd.core.scoring import exact_match, extract_answer
 
@@ -55,7 +55,8 @@ def test_non_finite_config_floats_are_refused(override, capsys):
         resolve("tiny_cmas_rl", [override])
     assert main(["config", "show", "tiny_cmas_rl", override]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("mopd config: error: ") and override.split("=")[0] in err and "\n" not in err, err
+    key = role_key(override.split("=")[0])       # algo.searcher.x is named as algo.roles.searcher.x
+    assert err.startswith("mopd config: error: ") and key in err and "\n" not in err, err
 
 
 def test_yaml_nan_is_refused(tmp_path):
