@@ -39,6 +39,19 @@ from mopd.rollout.vllm_engine import completion_from_output
 from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 
+def output_request_id(added_id: str) -> str:
+    """The id that the engine's outputs (and ``abort_request``) carry for a request ``LLM.enqueue``
+    added under ``added_id``.
+
+    ``LLM`` names its requests by a counter (``"0"``, ``"1"``, ...), but ``enqueue`` returns the
+    engine's internal id: vLLM 0.32's ``InputProcessor.assign_request_id`` appends ``-`` and 8
+    random characters to keep ids unique, while the outputs keep the counter's id. A front that
+    waited for the internal id would never see its request finish. The counter's id has no ``-``,
+    so it is everything before the first one (an id without one is already it).
+    """
+    return added_id.split("-", 1)[0]
+
+
 class VLLMStepFront(WorkQueue):
     def __init__(self, engine, *, name: str = "mopd-vllm"):
         self.engine = engine
@@ -56,7 +69,7 @@ class VLLMStepFront(WorkQueue):
         params = self.engine._params(request.params)
         prompt = {"prompt_token_ids": list(request.prompt_ids)}
         if hasattr(self.llm, "enqueue"):
-            return self.llm.enqueue([prompt], [params], use_tqdm=False)[0]
+            return output_request_id(self.llm.enqueue([prompt], [params], use_tqdm=False)[0])
         from vllm.sampling_params import RequestOutputKind
 
         params.output_kind = RequestOutputKind.FINAL_ONLY
