@@ -173,15 +173,47 @@ def _restore_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def load_weights_on_worker(worker, named_tensors) -> int:
-    """Runs inside each vLLM worker (``collective_rpc`` passes the worker first): the model's own
-    ``load_weights`` maps Hugging Face names to its fused/sharded parameters."""
+def load_weights_on_worker(worker, named_tensors) -> None:
+    """Runs inside each vLLM worker (``collective_rpc`` passes the worker first).
+
+    vLLM's in-place reload (``model_runner.reload_weights``, vLLM >= 0.2x): each layer's tensors are
+    collected as they arrive, loaded by the model's own ``load_weights`` (Hugging Face names mapped
+    to its fused/sharded parameters), processed into the kernel's format and copied into the
+    storage the engine computes with, so a layer's transient is its own weights once more. A plain
+    ``model.load_weights`` after start-up is not enough where a backend post-processes the loaded
+    weights: the CPU backend repacks every linear weight and empties the loaded parameters (the
+    sync then fails with "'Parameter' object has no attribute 'weight_loader'"). Older vLLM, with
+    no reload, gets the plain load.
+    """
     from vllm.config import set_current_vllm_config
 
-    model = worker.model_runner.get_model()
+    runner = worker.model_runner
     with set_current_vllm_config(worker.vllm_config):
-        loaded = model.load_weights(weights=named_tensors)
-    return len(loaded) if loaded is not None else 0
+        if hasattr(runner, "reload_weights"):
+            runner.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
+            reprocess_tied_head(runner.get_model())
+        else:
+            runner.get_model().load_weights(weights=named_tensors)
+
+
+def reprocess_tied_head(model) -> bool:
+    """Re-derive a tied LM head's kernel form from the embedding it shares (True if there is one).
+
+    The reload processes each layer that received weights; a tied head receives none (its weight
+    is the embedding's, sent once), so a backend that keeps a private packed copy of the head,
+    made at load time, would go on computing logits with the old weights: vLLM's CPU backend packs
+    one (``dispatch_cpu_unquantized_gemm``), and there the engine sampled from a head one update
+    behind. On a GPU the unquantized head reads the shared tensor and this re-run changes nothing.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or embed is None or method is None:
+        return False
+    if getattr(head, "weight", None) is None or head.weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    method.process_weights_after_loading(head)
+    return True
 
 
 ALL_TAGS = ("weights", "kv_cache")
