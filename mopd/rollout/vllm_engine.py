@@ -308,6 +308,16 @@ class VLLMEngine:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
+    def close(self) -> None:
+        """Shut the engine down now (idempotent), rather than in vLLM's finaliser at exit: its
+        teardown destroys the groups vLLM built on the default process group, then that group.
+        Under torchrun that is the trainer's group, so ``PolicyTrainer.close`` calls this while it
+        is alive (after its barrier); the finaliser, run after the trainer had destroyed the group,
+        raised at exit."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown()
+
     def sleep(self, level: int = 1) -> None:
         if level < 1:
             raise ValueError(f"sleep level {level}: use 1 (weights to host memory) or 2 (weights freed)")
