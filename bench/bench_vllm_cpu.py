@@ -27,7 +27,7 @@ def main(world: str, model: str, questions: int = 16, repeats: int = 2) -> None:
     from mopd.core.qa import load_questions
     from mopd.retriever import load_retriever
     from mopd.rollout.async_scheduler import run_workflows_async
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engines import build_engine
     from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
 

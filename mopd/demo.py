@@ -4,7 +4,8 @@ world -> retrieval index -> pi_0 (SFT warm start) -> Stage I (tiny_cmas_rl) -> e
 -> Stage II (tiny_mopd, from pi_0) -> evaluation of C-MAS base, C-MAS + RL, H-MAS base and
 MultiAgent-OPD with the paper's protocol (4 attempts, question bootstrap) -> report with plots.
 Every step reuses what an earlier run already built in the same directory (world, pi_0, finished
-stages, finished evaluations), so a second run is quick and a killed run resumes.
+stages, finished evaluations), so a second run is quick and a killed run resumes. What the report
+says, and the multi-seed summary, are rendered by :mod:`mopd.demo_report`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from mopd.config import Config, resolve
-from mopd.eval.bootstrap import DEFAULT_SEED
+from mopd.demo_report import ReportInputs, write_report, write_seed_summary
 
 
 @dataclass
@@ -243,40 +244,6 @@ def _evaluate_in_worker(job, questions, index: str, s: DemoSettings) -> Path:
     return _evaluate(name, model_dir, workflow, questions, retriever, s, out)
 
 
-CLAIMS = [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
-"""The paper's two claims the demo checks: Stage I beats its base, MultiAgent-OPD beats H-MAS base."""
-
-
-def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) -> List[dict]:
-    """Paired question-bootstrap difference of strict macro avg@K for each claim: the trained system
-    minus its base, with its 95% interval; a claim holds when the whole interval is above 0."""
-    from mopd.eval.report import load_runs
-    from mopd.eval.summary import summarize
-
-    out = []
-    for trained, base in CLAIMS:
-        pair = load_runs([runs[base], runs[trained]], [base, trained])
-        summary = summarize(pair, reference=trained, draws=draws, seed=seed)
-        k = summary["metric_names"]["avg"]
-        row = summary["accuracy"]["strict"][base]["macro"][k]
-        out.append({"trained": trained, "base": base, "metric": k, "diff": row["diff_vs_reference"],
-                    "ci": list(row["diff_ci"]), "holds": bool(row["diff_ci"][0] > 0),
-                    "questions": claim_questions(pair)})
-    return out
-
-
-def claim_questions(pair) -> List[dict]:
-    """Per question (dataset, id): strict avg@K of the base (first) and the trained (second) system,
-    so a multi-seed summary can bootstrap seeds and questions from the committed claims alone."""
-    from mopd.eval.alignment import align_runs
-    from mopd.eval.metrics import outcomes, question_metrics
-
-    runs = align_runs(pair)
-    avg = question_metrics(outcomes(runs).strict)["avg"]  # [2, Q]
-    return [{"dataset": d, "id": q, "base": float(avg[0, i]), "trained": float(avg[1, i])}
-            for i, (d, q) in enumerate(runs.questions)]
-
-
 def spread_over_datasets(questions, n: int):
     """The first ``n`` questions taken round-robin over datasets (so a short run sees every dataset)."""
     by: Dict[str, list] = {}
@@ -310,7 +277,6 @@ def run_demo(s: DemoSettings) -> Path:
     from mopd.core.reproducible import deterministic_torch, environment_record
     from mopd.data.tinyworld import build_world
     from mopd.data.warmstart import build_pi0, parse_pi0_settings
-    from mopd.eval.report import ReportOptions, report_runs
     from mopd.retriever import load_retriever
     from mopd.retriever.memo import QueryMemo
 
@@ -379,23 +345,8 @@ def run_demo(s: DemoSettings) -> Path:
     runs = _evaluate_systems(systems, questions, world, retriever, s, root / ("eval_dev" if dev else "eval"))
     times["eval"] = time.perf_counter() - t
 
-    names = [n for n, _, _ in systems]
-    report_dir = root / ("report_dev" if dev else "report")
-    title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if dev else "")
-    report = report_runs(runs, report_dir, ReportOptions(
-        names=names, reference="MultiAgent-OPD", draws=s.bootstrap_draws, seed=DEFAULT_SEED, validation_logs=logs,
-        validation_labels=labels, title=title))
-    claims = check_claims(dict(zip(names, runs)), draws=s.bootstrap_draws)
-    (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
-    for c in claims:
-        _log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
-             f"[{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}] -> {'holds' if c['holds'] else 'NOT shown'}")
-    if check is not None:
-        (report_dir / "pi0_check.json").write_text(json.dumps(check, indent=2))
-        with report.open("a", encoding="utf-8") as f:
-            f.write("\n" + pi0_check_markdown(check))
-        if check["weak"]:
-            _log("WARNING: " + check["verdict"])
+    report = write_report(runs, [n for n, _, _ in systems], root / ("report_dev" if dev else "report"),
+                          ReportInputs(logs=logs, labels=labels, draws=s.bootstrap_draws, dev=dev, pi0_check=check))
     times["total"] = time.perf_counter() - t_start
     from mopd.data.warmstart import read_pi0
 
@@ -413,17 +364,6 @@ def check_pi0(pi0: str, world, s: DemoSettings, path: Path) -> dict:
     return check_pi0_cached(pi0, world.root, path, attempts=attempts, seed=s.seed, weak=s.weak_pi0(), log=_log)
 
 
-def pi0_check_markdown(check: dict) -> str:
-    rows = ["## Warm start (pi_0) on the dev split", "",
-            f"{check['attempts']} workflows per dev question, T=0.6. {check['verdict']}", "",
-            "| workflow | strict EM | Answerer outputs valid | invalid calls | searches |",
-            "| :--- | ---: | ---: | ---: | ---: |"]
-    for wf, r in check["workflows"].items():
-        rows.append(f"| {wf} | {r['em']:.3f} | {r['answer_valid']:.3f} | {r['invalid_calls']:.3f} | "
-                    f"{r['searches']:.2f} |")
-    return "\n".join(rows) + "\n"
-
-
 def run_seeds(s: DemoSettings, seeds: List[int]) -> Path:
     """The demo on each of ``seeds`` (``s.out``/seed{N}, finished stages reused), then the
     multi-seed summary (``s.out``/summary.json and summary.md); returns the summary's path."""
@@ -434,71 +374,6 @@ def run_seeds(s: DemoSettings, seeds: List[int]) -> Path:
         _log(f"seed {n}: {root / f'seed{n}'}")
         run_demo(dataclasses.replace(s, seed=n, out=str(root / f"seed{n}")))
     return write_seed_summary(root, seeds, draws=s.bootstrap_draws, split=s.eval_split)
-
-
-def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "test") -> Path:
-    """summary.json and summary.md of finished seed runs under ``root``: per claim, on how many
-    seeds it holds and the pooled effect with a bootstrap over seeds and questions."""
-    from mopd.eval.seeds import summarize_seeds
-
-    root = Path(root)
-    report = "report_dev" if split == "dev" else "report"
-    per_seed = {}
-    for n in seeds:
-        d = root / f"seed{n}"
-        entry = {"claims": json.loads((d / report / "claims.json").read_text())}
-        for name, rel in (("timings", "timings.json"), ("pi0_check", f"{report}/pi0_check.json")):
-            if (d / rel).is_file():
-                entry[name] = json.loads((d / rel).read_text())
-        per_seed[n] = entry
-    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED)
-    summary["split"] = split
-    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    path = root / "summary.md"
-    path.write_text(seed_summary_markdown(summary), encoding="utf-8")
-    for c in summary["claims"]:
-        _log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
-             f"{100 * c['diff']:+.2f} [{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}]")
-    return path
-
-
-def _pp(x: float) -> str:
-    return f"{100 * x:+.2f}"
-
-
-def seed_summary_markdown(summary: dict) -> str:
-    """The multi-seed tables: per seed, then per claim pooled (both rendered into README.md)."""
-    lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
-             seed_table(summary), "", pooled_table(summary), "",
-             f"Pooled: the mean over seeds of each seed's macro avg@4 difference; interval: "
-             f"{summary['draws']:,} draws resampling seeds, then each drawn seed's questions within each "
-             "dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when that seed's "
-             "question-bootstrap interval lies above 0."]
-    return "\n".join(lines) + "\n"
-
-
-def seed_table(summary: dict) -> str:
-    head = ["seed"] + [f"{c['trained']} minus {c['base']}" for c in summary["claims"]] + ["pi_0 dev EM", "demo time"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n, e in summary["per_seed"].items():
-        cells = [str(n)]
-        for c in e["claims"]:
-            cells.append(f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
-                         + ("" if c["holds"] else " (not shown)"))
-        chk = e.get("pi0_check")
-        cells.append("n/a" if chk is None else f"{chk['em']:.3f}" + (" (weak)" if chk["weak"] else ""))
-        tot = e.get("timings", {}).get("total")
-        cells.append("n/a" if tot is None else f"{tot / 60:.1f} min")
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-def pooled_table(summary: dict) -> str:
-    rows = ["| claim | holds on | pooled avg@4 difference |", "|---|---|---|"]
-    for c in summary["claims"]:
-        rows.append(f"| {c['trained']} minus {c['base']} | {c['held']} of {c['seeds']} seeds | "
-                    f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}] |")
-    return "\n".join(rows)
 
 
 def _write_timings(path: Path, times: Dict[str, float], built: Optional[Dict[str, float]] = None) -> None:

@@ -125,7 +125,7 @@ def render_seed0_timings(docs: Path) -> str:
 
 
 def render_seeds(docs: Path) -> str:
-    from mopd.demo import pooled_table, seed_table
+    from mopd.demo_report import pooled_table, seed_table
 
     summary_path = docs / "demo_seeds" / "summary.json"
     if summary_path.is_file():

@@ -16,7 +16,7 @@ def test_every_preset_resolves_and_describes(capsys):
 def test_dotted_overrides_both_forms():
     cfg = resolve("mopd", ["--trainer.lr", "2e-6", "rollout.group_size=8", "--algo.dual_clip=3.0"])
     assert cfg.trainer.lr == 2e-6 and cfg.rollout.group_size == 8 and cfg.algo.dual_clip == 3.0
-    assert cfg.algo.searcher.advantage == "opd" and cfg.reward.kl_roles == ["leader", "answerer"]
+    assert cfg.algo.role("searcher").advantage == "opd" and cfg.reward.kl_roles == ["leader", "answerer"]
 
 
 def test_unknown_key_names_it_and_the_choices():
@@ -69,3 +69,27 @@ def test_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for cmd in ("config", "data", "score"):
         assert cmd in out
+
+
+def test_role_settings_by_role_name_in_both_spellings(tmp_path):
+    """algo.roles / reward.roles are keyed by the role table's names; algo.<role> and reward.<role>
+    say the same on the command line and in a YAML file (the keys the docs and earlier runs use)."""
+    short = resolve("tiny_mopd", ["algo.searcher.opd_coef=0.37", "reward.leader=team", "--algo.answerer.kl_coef", "0.05"])
+    full = resolve("tiny_mopd", ["algo.roles.searcher.opd_coef=0.37", "reward.roles.leader=team",
+                                 "algo.roles.answerer.kl_coef=0.05"])
+    assert short == full
+    assert short.algo.role("searcher").opd_coef == 0.37 and short.algo.role("searcher").advantage == "opd"
+    assert short.algo.role("searcher").entropy_coef == 1e-3          # the rest of the preset's spec stays
+    assert short.reward.of("leader") == "team" and short.reward.of("searcher") == "none"
+    y = tmp_path / "run.yaml"
+    y.write_text("algo:\n  searcher:\n    opd_coef: 0.37\n  answerer:\n    kl_coef: 0.05\n"
+                 "reward:\n  leader: team\n")
+    assert resolve("tiny_mopd", None, str(y)) == full
+    with pytest.raises(ConfigError, match="reward.roles.leader='bonus'"):
+        resolve("mopd", ["reward.leader=bonus"])
+    with pytest.raises(ConfigError, match="algo.roles.searcher.pg_coef=-1.0 must be >= 0"):
+        resolve("mopd", ["algo.searcher.pg_coef=-1"])
+    with pytest.raises(ConfigError, match="algo.roles.searcher.kl_type='k4' is not valid"):
+        resolve("mopd", ["algo.searcher.kl_type=k4"])
+    with pytest.raises(ConfigError, match="algo.roles.leader.advantage='grpo' is not valid; choose one of"):
+        resolve("mopd", ["algo.leader.advantage=grpo"])

@@ -9,6 +9,7 @@ import pytest
 import mopd.data.tinyworld as tinyworld
 import mopd.demo as demo
 from mopd.demo import DemoSettings, run_demo
+from tests.helpers.stamps import stamps
 
 _LOG: list = []
 _ACTIVE = [False]
@@ -57,6 +58,7 @@ def _between_world_and_eval(log):
     return log[start:ends[0] if ends else len(log)]
 
 
+@pytest.mark.slow
 def test_no_test_split_read_before_the_final_evaluation(tmp_path, phases):
     s = DemoSettings(out=str(tmp_path / "d"), quick=True, stage1_steps=1, stage2_steps=1, test_questions=2,
                      attempts=1, bootstrap_draws=20, pi0_check_attempts=1, eval_split="dev")
@@ -70,13 +72,14 @@ def test_no_test_split_read_before_the_final_evaluation(tmp_path, phases):
     check = json.loads((tmp_path / "d" / "report_dev" / "pi0_check.json").read_text())
     assert check["split"] == "dev" and check["weak"] in (True, False) and "Warm start" in report.read_text()
     # the final evaluation on test reuses every stage; the test split is read only once it starts
+    built = stamps(tmp_path / "d")
     phases.clear()
     s.eval_split = "test"
     run_demo(s)
+    assert stamps(tmp_path / "d") == built               # every stage reused: none rewrote its files
     before = _between_world_and_eval(phases)
     assert not [e for e in before if e[0] == "read-test"]
     assert [e for e in phases if e[0] == "read-test"], "the final evaluation reads the test split"
     t = json.loads((tmp_path / "d" / "timings.json").read_text())
-    last = t["last_run"]                                  # this run's own stage times: all reused
-    assert last["stage1"] < 5 and last["stage2"] < 5 and last["pi0_check"] < 1
+    last = t["last_run"]                                  # this run's own stage times
     assert t["stage1"] >= last["stage1"] and t["total"] >= last["total"]   # the building run's times stay

@@ -71,7 +71,7 @@ README = ("intro\n<!-- demo-tables:seed0-systems -->\nold\n<!-- /demo-tables:see
 
 
 def test_publish_then_render_into_a_readme(tmp_path):
-    from mopd.demo import write_seed_summary
+    from mopd.demo_report import write_seed_summary
 
     _fake_run(tmp_path / "runs" / "demo")
     docs = tmp_path / "docs"

@@ -1,4 +1,5 @@
-"""The import-direction rule of docs/architecture.md: a package imports only packages below it."""
+"""The import-direction rules of docs/architecture.md: a package imports only packages below it, and no
+module imports itself through others."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ ROOT = Path(mopd.__file__).parent
 
 # Each package and what it may import of ours (docs/architecture.md, "Layers").
 ALLOWED = {
-    "config": set(),
-    "core": {"config"},
+    "core": set(),
     "kernels": set(),
+    "config": {"core", "kernels"},
     "retriever": {"config", "core"},
     "rollout": {"config", "core", "retriever"},
     "algo": {"config", "core", "kernels"},
@@ -22,7 +23,7 @@ ALLOWED = {
     "data": {"config", "core", "retriever", "rollout", "algo", "eval"},
     "train": {"config", "core", "kernels", "retriever", "rollout", "algo", "eval", "data"},
 }
-TOP = {"cli", "commands", "demo", "demo_tables", "__main__", "__init__"}
+TOP = {"cli", "commands", "demo", "demo_report", "demo_tables", "__main__", "__init__"}
 
 
 def _package_of(path: Path, root: Path) -> str:
@@ -62,12 +63,16 @@ def test_no_package_imports_upwards():
 
 
 def test_the_rule_catches_an_upward_import(tmp_path):
-    # A core module that imports the trainer must be reported.
+    # A core module that imports the trainer, or the config (which reads the core's tables), must be
+    # reported; the config reading the role table must not.
     fake = tmp_path / "mopd"
     (fake / "core").mkdir(parents=True)
     (fake / "core" / "x.py").write_text("from mopd.train.trainer import PolicyTrainer\n")
-    (fake / "core" / "y.py").write_text("from mopd.config import Config\n")
-    assert upward_imports(fake) == ["mopd/core/x.py:1 (core) imports mopd.train.trainer"]
+    (fake / "core" / "y.py").write_text("from mopd.core.roles import role_names\n")
+    (fake / "core" / "z.py").write_text("import os\n\nfrom mopd.config import Config\n")
+    (fake / "config.py").write_text("from mopd.core.roles import role_names\nfrom mopd.kernels.role_spec import RoleSpec\n")
+    assert upward_imports(fake) == ["mopd/core/x.py:1 (core) imports mopd.train.trainer",
+                                    "mopd/core/z.py:3 (core) imports mopd.config"]
 
 
 def test_kernels_import_only_torch_and_triton():
@@ -75,3 +80,93 @@ def test_kernels_import_only_torch_and_triton():
         for _, mod in _imports(path):
             top = mod.split(".")[0]
             assert top in {"torch", "triton", "mopd", *sys.stdlib_module_names}, f"{path}: imports {mod}"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.with_suffix("").relative_to(root.parent).parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(node, current: str, is_package: bool, modules):
+    """Our modules an import statement reaches (relative imports resolved; ``from pkg import mod``
+    names the submodule, ``from mod import name`` the module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in modules]
+    base = node.module or ""
+    if node.level:
+        here = current.split(".") if is_package else current.split(".")[:-1]
+        here = here[:len(here) - (node.level - 1)]
+        base = ".".join(here + ([node.module] if node.module else []))
+    out = []
+    for a in node.names:
+        if f"{base}.{a.name}" in modules:
+            out.append(f"{base}.{a.name}")
+        elif base in modules:
+            out.append(base)
+    return out
+
+
+def module_cycles(root: Path = ROOT):
+    """Groups of our modules that import each other, directly or through others (every import
+    counts, a function's lazy one too: a factory that imports a backend which imports the factory
+    back is a cycle)."""
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps.update(_targets(node, name, path.name == "__init__.py", paths))
+        deps.discard(name)
+        graph[name] = sorted(deps)
+    # Tarjan's strongly connected components, iteratively
+    index, low, on_stack, stack, cycles, counter = {}, {}, set(), [], [], [0]
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter[0]
+                counter[0] += 1
+                stack.append(v)
+                on_stack.add(v)
+            if i < len(graph[v]):
+                work.append((v, i + 1))
+                w = graph[v][i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_through_others():
+    assert module_cycles() == []
+
+
+def test_the_cycle_check_catches_a_lazy_import_back(tmp_path):
+    fake = tmp_path / "mopd"
+    (fake / "rollout").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "rollout" / "__init__.py").write_text("")
+    (fake / "rollout" / "factory.py").write_text(
+        "def helper():\n    pass\n\ndef build():\n    from mopd.rollout.backend import Backend\n    return Backend()\n")
+    (fake / "rollout" / "backend.py").write_text("from mopd.rollout.factory import helper\n\nclass Backend:\n    pass\n")
+    (fake / "rollout" / "leaf.py").write_text("from . import backend\n")
+    assert module_cycles(fake) == [["mopd.rollout.backend", "mopd.rollout.factory"]]

@@ -24,8 +24,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
-from mopd.config import AlgoConfig, Config, RoleLossConfig
-from mopd.config import role_names as configured_roles
+from mopd.config import AlgoConfig, Config
 from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.core.roles import role as role_of
 from mopd.core.roles import role_id, role_names
@@ -111,10 +110,10 @@ def step_advantages(cfg: Config, records: Sequence[WorkflowRecord],
 
     ``kl_sums[(i, call_id)]`` is the call's ``sum_t (log pi_old - log pi_ref)`` over its trained
     tokens (needed when ``cfg.reward.kl_coef > 0``); ``judge[(i, call_id)]`` the critic's 0/1
-    verdict of a Searcher call (needed when ``cfg.reward.searcher == "critic"``, whose Searcher
+    verdict of a call (needed by a role whose reward is the critic's; such a trajectory role's
     rewards differ per call and are therefore normalised per call).
     """
-    from mopd.algo.rewards import kl_in_reward, role_rewards
+    from mopd.algo.rewards import kl_in_reward, role_reward_objects, role_rewards
 
     by_record: Dict[int, Dict[str, Dict[str, float]]] = defaultdict(lambda: {"kl": {}, "judge": {}})
     for name, table in (("kl", kl_sums or {}), ("judge", judge or {})):
@@ -127,20 +126,18 @@ def step_advantages(cfg: Config, records: Sequence[WorkflowRecord],
     for i, rec in enumerate(records):
         r = role_rewards(rec, cfg.reward, by_record[i]["judge"] if judge is not None else None)
         if use_kl:
-            r = kl_in_reward(r, rec, by_record[i]["kl"], cfg.reward.kl_roles, cfg.reward.kl_coef)
+            r = kl_in_reward(r, rec, by_record[i]["kl"], cfg.reward.kl_roles, cfg.reward.kl_coef, cfg.reward)
         rewards.append(r)
-    per_call = ("searcher",) if cfg.reward.searcher == "critic" else ()
+    per_call = tuple(name for name, reward in role_reward_objects(cfg.reward).items() if reward.per_call)
     return rewards, role_advantages(records, rewards, per_call_roles=per_call, eps=cfg.algo.adv_eps)
 
 
 def role_specs(algo: AlgoConfig) -> list:
-    """The fused loss's RoleSpec list, in role-id order (a role the config does not name takes
-    the default ``RoleLossConfig()``: GRPO on its outcome reward)."""
-    from mopd.kernels import RoleSpec
+    """The fused loss's role specs, in role-id order, each labelled with its role's name (a role the
+    config does not name takes ``role_loss()``: GRPO on its outcome reward)."""
+    import dataclasses
 
-    return [RoleSpec(advantage=s.advantage, opd_coef=s.opd_coef, pg_coef=s.pg_coef,
-                     entropy_coef=s.entropy_coef, kl_coef=s.kl_coef, kl_type=s.kl_type)
-            for s in (algo.role(r) if r in configured_roles() else RoleLossConfig() for r in role_names())]
+    return [dataclasses.replace(algo.role(r), name=r) for r in role_names()]
 
 
 def call_token_signals(call: AgentCall, advantage: float | None) -> Tuple[List[int], List[float]]:

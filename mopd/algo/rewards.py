@@ -22,12 +22,13 @@ one reward per call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from mopd.config import RewardConfig
 from mopd.core.records import AgentCall, WorkflowRecord
-from mopd.core.roles import BUILTIN_ROLES, role_names
 from mopd.core.roles import role as role_of
+from mopd.core.roles import role_names
 from mopd.core.scoring import exact_match, extract_answer
 
 
@@ -82,70 +83,145 @@ def answerer_invalid(call: AgentCall) -> bool:
     return call.invalid or extract_answer(call.model_text()) is None
 
 
+# --------------------------------------------------------------------------------------------
+# One small reward per concept; the config names one per role (``reward.roles``, ``REWARDS``).
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Team:
+    """R_EM for every call of the role (the Leader's ``team``, the Searcher's outcome ablation)."""
+
+    per_call = False
+    needs_judge = False
+
+    def __call__(self, record: WorkflowRecord, calls: Sequence[AgentCall], r_em: float,
+                 judge: Optional[Dict[str, float]]) -> Dict[str, float]:
+        return {c.call_id: r_em for c in calls}
+
+    def invalid(self, call: AgentCall) -> bool:
+        return call.invalid
+
+
+@dataclass(frozen=True)
+class TeamBonus(Team):
+    """R_EM + coef * b_S, b_S over the role's reporting calls together (Stage I's Searcher)."""
+
+    coef: float = 0.2
+
+    def __call__(self, record, calls, r_em, judge):
+        r = r_em + self.coef * behaviour_bonus(record)
+        return {c.call_id: r for c in calls}
+
+
+@dataclass(frozen=True)
+class TeamAssign(Team):
+    """R_EM + coef * R_assign, R_assign = min(C_tool, cap) / cap (the Leader in Stage II)."""
+
+    coef: float = 0.2
+    cap: int = 6
+
+    def __call__(self, record, calls, r_em, judge):
+        r = r_em + self.coef * assignment_reward(search_steps(record), self.cap)
+        return {c.call_id: r for c in calls}
+
+
+@dataclass(frozen=True)
+class CandidateEM(Team):
+    """c_j: each call's own answer EM (Answerer candidates); a call without a complete
+    ``<answer>`` tag is an invalid action."""
+
+    per_call = True
+
+    def __call__(self, record, calls, r_em, judge):
+        return {c.call_id: candidate_score(c, record.answers) for c in calls}
+
+    def invalid(self, call):
+        return answerer_invalid(call)
+
+
+@dataclass(frozen=True)
+class Critic(Team):
+    """The prompted critic's per-call mix: em * R_EM + judge * R_judge + bonus * b_S of the call."""
+
+    em: float = 0.3
+    judge: float = 0.5
+    bonus: float = 0.2
+    per_call = True
+    needs_judge = True
+
+    def __call__(self, record, calls, r_em, judge):
+        if judge is None:
+            raise ValueError("the critic reward needs the judge verdicts of the Searcher reports")
+        missing = [c.call_id for c in calls if c.call_id not in judge]
+        if missing:
+            raise ValueError(f"no judge verdict for calls {missing} of {record.question_id}")
+        return {c.call_id: self.em * r_em + self.judge * judge[c.call_id]
+                + self.bonus * behaviour_bonus(record, c.call_id) for c in calls}
+
+
+@dataclass(frozen=True)
+class NoReward(Team):
+    """No outcome reward: the role learns from OPD, or not at all (its calls get no entry)."""
+
+    def __call__(self, record, calls, r_em, judge):
+        return {}
+
+
+BUILDERS = {
+    "team": lambda cfg: Team(),
+    "team_bonus": lambda cfg: TeamBonus(cfg.bonus_coef),
+    "team_assign": lambda cfg: TeamAssign(cfg.assign_coef, cfg.assign_cap),
+    "candidate_em": lambda cfg: CandidateEM(),
+    "critic": lambda cfg: Critic(cfg.critic_em, cfg.critic_judge, cfg.critic_bonus),
+    "none": lambda cfg: NoReward(),
+}
+"""Each reward of ``mopd.config.REWARDS``, built with a ``RewardConfig``'s coefficients."""
+
+
+def reward_of(name: str, cfg: RewardConfig):
+    """The reward object called ``name`` (a name of ``mopd.config.REWARDS``), with ``cfg``'s
+    coefficients."""
+    if name not in BUILDERS:
+        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(BUILDERS)}")
+    return BUILDERS[name](cfg)
+
+
+def role_reward_objects(cfg: RewardConfig) -> Dict[str, Team]:
+    """Every role's reward object, by role name in role-id order."""
+    return {name: reward_of(cfg.of(name), cfg) for name in role_names()}
+
+
 def role_rewards(record: WorkflowRecord, cfg: RewardConfig,
                  judge: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Reward of every call of the workflow, keyed by call_id (before KL and normalisation).
 
-    ``judge`` maps Searcher call ids to the critic's 0/1 verdict (needed when cfg.searcher=critic).
-    Searcher calls get no entry when cfg.searcher == "none" (their signal is OPD or nothing).
+    ``judge`` maps call ids to the critic's 0/1 verdict (needed by a role whose reward is the
+    critic's). A role whose reward is ``none`` gets no entry (its signal is OPD or nothing). An
+    invalid output makes its role's reward ``cfg.invalid_reward``: the call's own for a per-call
+    reward, every call's of the role for a trajectory reward.
     """
     r_em = team_outcome(candidate_scores(record))
     out: Dict[str, float] = {}
-
-    for call in record.calls_of("answerer"):
-        out[call.call_id] = cfg.invalid_reward if answerer_invalid(call) else candidate_score(call, record.answers)
-
-    leaders = record.calls_of("leader")
-    if leaders:
-        if cfg.leader == "team_assign":
-            r_l = r_em + cfg.assign_coef * assignment_reward(search_steps(record), cfg.assign_cap)
+    for name, reward in role_reward_objects(cfg).items():
+        calls = record.calls_of(name)
+        if not calls:
+            continue
+        got = reward(record, calls, r_em, judge)
+        if not got:
+            continue
+        if reward.per_call:
+            out.update({cid: cfg.invalid_reward if reward.invalid(c) else got[cid]
+                        for c in calls for cid in (c.call_id,)})
+        elif any(reward.invalid(c) for c in calls):
+            out.update({c.call_id: cfg.invalid_reward for c in calls})
         else:
-            r_l = r_em
-        if any(c.invalid for c in leaders):
-            r_l = cfg.invalid_reward
-        for c in leaders:
-            out[c.call_id] = r_l
-
-    searchers = record.calls_of("searcher")
-    if searchers and cfg.searcher != "none":
-        if cfg.searcher == "critic":
-            if judge is None:
-                raise ValueError("reward.searcher=critic needs the judge verdicts of the Searcher reports")
-            for c in searchers:
-                if c.call_id not in judge:
-                    raise ValueError(f"no judge verdict for Searcher call {c.call_id} of {record.question_id}")
-                r = (cfg.critic_em * r_em + cfg.critic_judge * judge[c.call_id]
-                     + cfg.critic_bonus * behaviour_bonus(record, c.call_id))
-                out[c.call_id] = cfg.invalid_reward if c.invalid else r
-        else:
-            if cfg.searcher == "team_bonus":
-                r_s = r_em + cfg.bonus_coef * behaviour_bonus(record)
-            else:
-                r_s = r_em
-            if any(c.invalid for c in searchers):
-                r_s = cfg.invalid_reward
-            for c in searchers:
-                out[c.call_id] = r_s
-
-    for name in role_names():
-        if name not in BUILTIN_ROLES:
-            out.update(_added_role_rewards(record, name, r_em, cfg.invalid_reward))
+            out.update(got)
     return out
 
 
-def _added_role_rewards(record: WorkflowRecord, name: str, r_em: float, invalid_reward: float) -> Dict[str, float]:
-    """A role added to the table learns from the outcome by default: a ``request`` role's calls
-    from their own answers' EM (like Answerer candidates), a ``trajectory`` role's from the team
-    outcome R_EM; an invalid output gets ``invalid_reward``."""
-    calls = record.calls_of(name)
-    if role_of(name).grouping == "request":
-        return {c.call_id: invalid_reward if c.invalid else candidate_score(c, record.answers) for c in calls}
-    r = invalid_reward if any(c.invalid for c in calls) else r_em
-    return {c.call_id: r for c in calls}
-
-
 def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dict[str, float],
-                 roles: Sequence[str], coef: float) -> Dict[str, float]:
+                 roles: Sequence[str], coef: float, cfg: Optional[RewardConfig] = None) -> Dict[str, float]:
     """Subtract ``coef * sum_t (old_logp - ref_logp)`` (k1, verl's apply_kl_penalty) per role, toward
     the KL reference (the Stage-I policy; the OPD teacher unless ``reference.path`` names another).
 
@@ -156,6 +232,7 @@ def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dic
     """
     if coef == 0 or not roles:
         return dict(rewards)
+    objects = role_reward_objects(cfg or RewardConfig())
     out = dict(rewards)
     for role in roles:
         calls = [c for c in record.calls_of(role) if c.call_id in rewards]
@@ -165,7 +242,7 @@ def kl_in_reward(rewards: Dict[str, float], record: WorkflowRecord, kl_sums: Dic
                              f"(question {record.question_id}); compute them before the rewards")
         if role_of(role).grouping == "request":
             for c in calls:
-                if not (answerer_invalid(c) if role == "answerer" else c.invalid):
+                if not objects[role].invalid(c):
                     out[c.call_id] = rewards[c.call_id] - coef * kl_sums[c.call_id]
         elif not any(c.invalid for c in calls):
             total = sum(kl_sums[c.call_id] for c in calls)

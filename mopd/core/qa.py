@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from mopd.core.atomic import atomic_open
+
 
 class DataError(ValueError):
     """A malformed dataset file or row; the message names the file and the line (or row)."""
@@ -168,8 +170,6 @@ def load_questions(path: str | os.PathLike, dataset: Optional[str] = None,
 def write_questions(path: str | os.PathLike, examples: List[QAExample]) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_open(p) as f:
         for ex in examples:
             f.write(json.dumps(ex.to_json(), ensure_ascii=False) + "\n")
-    os.replace(tmp, p)

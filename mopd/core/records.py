@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple
 
+from mopd.core.atomic import atomic_open
 from mopd.core.roles import role_names
 
 SCHEMA_VERSION = 1
@@ -320,14 +321,11 @@ def write_records(path: str | os.PathLike, records: Iterable[WorkflowRecord], ap
     renamed over ``path`` (atomic: a reader sees the old file or the whole new one)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    target = p if append else p.with_name(p.name + ".tmp")
     n = 0
-    with target.open("a" if append else "w", encoding="utf-8") as f:
+    with (p.open("a", encoding="utf-8") if append else atomic_open(p)) as f:
         for r in records:
             f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
             n += 1
         f.flush()
         os.fsync(f.fileno())
-    if not append:
-        os.replace(target, p)
     return n

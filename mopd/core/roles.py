@@ -7,8 +7,8 @@ advantages are grouped. Prompts, records, rewards, advantages, loss statistics a
 data all iterate :func:`role_names` instead of naming the roles again.
 
 Adding a role (docs/architecture.md, "Adding a role"): :func:`add_role` here, an agent class that
-plays it, and the workflow that calls it. Its tokens then train with the default loss
-(``RoleLossConfig()``: GRPO on the team outcome) unless the config names it.
+plays it, and a workflow that calls it. Its tokens then train with the default loss
+(``mopd.config.role_loss()``: GRPO on its default reward) unless the config names it.
 """
 
 from __future__ import annotations
@@ -36,12 +36,18 @@ class Role:
     call of the role takes it, normalised over the G trajectories of one sampled prompt) or
     ``request`` (one reward per call, normalised over the calls of one request, like Answerer
     candidates)."""
+    reward: str = ""
+    """Its default reward (``reward.roles.<name>``; a name of ``mopd.config.REWARDS``): empty takes
+    the outcome of its grouping, ``team`` (R_EM) for a trajectory role and ``candidate_em`` (its
+    own answer's EM) for a request role."""
 
     def __post_init__(self):
         if self.grouping not in GROUPINGS:
             raise ValueError(f"Role.grouping={self.grouping!r}: choose one of {GROUPINGS}")
         if not self.name or self.name != self.name.lower() or not self.name.isidentifier():
             raise ValueError(f"Role.name={self.name!r} must be a lower-case identifier")
+        if not self.reward:
+            object.__setattr__(self, "reward", "candidate_em" if self.grouping == "request" else "team")
 
 
 SEARCHER_SYSTEM = (
@@ -125,9 +131,9 @@ def role_of_prompt(prompt_text: str) -> Optional[str]:
 
 
 BUILTIN_ROLES = ("leader", "searcher", "answerer")
-add_role(Role("leader", LEADER_SYSTEM, ("</select>",), parse_leader))
-add_role(Role("searcher", SEARCHER_SYSTEM, ("</search>", "</report>"), parse_searcher))
-add_role(Role("answerer", ANSWERER_SYSTEM, ("</answer>",), parse_answerer, grouping="request"))
+add_role(Role("leader", LEADER_SYSTEM, ("</select>",), parse_leader, reward="team_assign"))
+add_role(Role("searcher", SEARCHER_SYSTEM, ("</search>", "</report>"), parse_searcher, reward="team_bonus"))
+add_role(Role("answerer", ANSWERER_SYSTEM, ("</answer>",), parse_answerer, grouping="request", reward="candidate_em"))
 # Stop strings: a Searcher stops at </search> (as Search-R1 does), so the model cannot write
 # passages of its own after a query. A Leader's subtask wave has no stop string (several tags)
 # and ends with EOS.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from mopd.core.workflows import workflow_names
+
 
 def register(sub) -> None:
     p = sub.add_parser("data", help="QA datasets: build train/dev/test splits")
@@ -108,7 +110,7 @@ def _register_world(sub) -> None:
     c.add_argument("--world", required=True, help="world directory")
     c.add_argument("--split", default="dev", choices=["train", "dev", "test"],
                    help="default dev: choices are made on dev, the test split is looked at once")
-    c.add_argument("--workflow", nargs="+", default=["cmas", "hmas"], choices=["cmas", "hmas"])
+    c.add_argument("--workflow", nargs="+", default=list(workflow_names()), choices=list(workflow_names()))
     c.add_argument("--temperature", type=float, default=0.6)
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_check)
@@ -173,7 +175,7 @@ def _pi0(args) -> int:
     print(f"pi0 {out}: {info['parameters']} parameters, final loss {info['losses'][-1]:.3f}, "
           f"SFT {sec['sft']}s (total {sec['total']}s)")
     if args.check:
-        _print_check(out, world, "dev", ["cmas", "hmas"], 0.6, args.seed)
+        _print_check(out, world, "dev", list(workflow_names()), 0.6, args.seed)
     return 0
 
 

@@ -11,7 +11,6 @@ and output file.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import unicodedata
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from mopd.core.atomic import atomic_write_json
 from mopd.core.qa import DataError, QAExample, write_questions
 
 # The paper's main test set: 5,000 questions over seven datasets.
@@ -158,9 +158,7 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, *, seed: int, input
         "outputs": {f"{k}.jsonl": sha256_file(v) for k, v in outputs.items()},
     }
     mp = out / "manifest.json"
-    tmp = mp.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, mp)
+    atomic_write_json(mp, manifest, ensure_ascii=False)
     return mp
 
 

@@ -23,13 +23,13 @@ A second call with the same settings returns at once; other settings rebuild the
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from mopd.core.atomic import atomic_open, atomic_write_json
 from mopd.core.qa import QAExample, load_flashrag, write_questions
 from mopd.data.markers import read_marker
 from mopd.data.splits import build_splits, write_splits
@@ -95,35 +95,22 @@ def parse_world_settings(items: Sequence[str] = (), *, seed: int = 0, index_kind
                          quick: bool = False) -> WorldSettings:
     """The default world (or the quick one) with ``seed`` and ``index_kind``, then ``items``'
     KEY=VALUE entries (any field but seed, typed like its default)."""
-    import dataclasses
+    from mopd.core.key_values import parse_key_values
 
     base: Dict[str, object] = dict(QUICK_WORLD) if quick else {}
     base["index_kind"] = index_kind
-    names = {f.name for f in dataclasses.fields(WorldSettings)} - {"seed"}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"world setting {item!r}: expected KEY=VALUE with KEY one of {sorted(names)}")
-        kind = type(getattr(WorldSettings(), key))
-        try:
-            base[key] = kind(value)
-        except ValueError:
-            raise ValueError(f"world setting {item!r}: {value!r} is not a {kind.__name__}") from None
+    base.update(parse_key_values(items, WorldSettings, what="world", exclude=("seed",)))
     return WorldSettings(seed=seed, **base)
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, ensure_ascii=False)
 
 
 def _write_jsonl(path: Path, rows) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 def held_out_questions(questions: List[QAExample], n_per_dataset: int, seed: int) -> List[QAExample]:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from mopd.core.key_values import parse_key_values
 from mopd.data.markers import read_marker
 from mopd.data.sft import SFTSettings, train_sft
 from mopd.retriever.memo import QueryMemo
@@ -100,24 +101,7 @@ class WarmStartSettings:
 def parse_pi0_settings(items: Sequence[str] = ()) -> Dict[str, object]:
     """``build_pi0`` keyword overrides from KEY=VALUE entries (any :class:`WarmStartSettings` field but
     seed and workflows, typed like its default; ``max_questions=none`` for all questions)."""
-    names = {f.name for f in dataclasses.fields(WarmStartSettings)} - {"seed", "workflows"}
-    out: Dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"pi_0 setting {item!r}: expected KEY=VALUE with KEY one of {sorted(names)}")
-        default = getattr(WarmStartSettings(), key)
-        if default is None:  # max_questions
-            if value.lower() == "none":
-                out[key] = None
-                continue
-            kind = int
-        else:
-            kind = type(default)
-        try:
-            out[key] = kind(value)
-        except ValueError:
-            raise ValueError(f"pi_0 setting {item!r}: {value!r} is not a {kind.__name__}") from None
+    out = parse_key_values(items, WarmStartSettings, what="pi_0", exclude=("seed", "workflows"))
     WarmStartSettings(**out)  # the recipe's own checks (ranges), before anything is built
     return out
 
@@ -159,7 +143,6 @@ def workflow_settings(workflow: str, *, temperature: float, top_p: float, seed: 
     """The workflow limits the demo trains and evaluates with: those of the tiny presets
     (``tiny_cmas_rl`` for C-MAS, ``tiny_mopd`` for H-MAS), so pi_0 learns the step budgets, round
     limits and forced endings it will meet in Stage I and Stage II; one Answerer candidate."""
-    import dataclasses
 
     from mopd.config import resolve
     from mopd.rollout.run_state import WorkflowSettings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mopd.core.arguments import add_overrides_argument
+from mopd.core.workflows import workflow_names
 
 
 def register(sub) -> None:
@@ -18,7 +19,7 @@ def register(sub) -> None:
                     "(the eval.* and rollout.* config keys); records go to OUT/records.jsonl. A killed run "
                     "continues with the questions it has not finished when started again with the same OUT.")
     run.add_argument("--model", required=True, help="model directory (Hugging Face format)")
-    run.add_argument("--workflow", required=True, choices=["cmas", "hmas"], help="cascade or hierarchy")
+    run.add_argument("--workflow", required=True, choices=list(workflow_names()), help="cascade or hierarchy")
     run.add_argument("--manifest", required=True, help="test questions (FlashRAG .jsonl or Search-R1 .parquet)")
     run.add_argument("--attempts", type=int, default=None,
                      help=f"independent workflows per question (default eval.attempts = {defaults.attempts})")
@@ -87,7 +88,7 @@ def _run(args) -> int:
     except ImportError as e:
         raise UserError(f"the rollout scheduler is not available ({e})") from None
     from mopd.retriever import load_retriever
-    from mopd.rollout.engine import build_engine, evaluation_dtype
+    from mopd.rollout.engines import build_engine, evaluation_dtype
 
     engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
     tokenizer = getattr(engine, "tokenizer", None)

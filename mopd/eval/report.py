@@ -3,12 +3,12 @@ paper's) and PNG plots, from the records of one or more runs."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from mopd.core.atomic import atomic_write_json
 from mopd.eval import plots, tables
 from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED
 from mopd.eval.collapse import collapse_table
@@ -97,9 +97,7 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, allow_nan=False)
 
 
 @dataclass(frozen=True)

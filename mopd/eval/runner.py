@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from mopd.core.atomic import atomic_write_json
 from mopd.core.records import RecordError, WorkflowRecord, write_records
 from mopd.eval.alignment import EvalError
 from mopd.eval.loading import RECORDS_FILE
@@ -127,10 +127,8 @@ def _check_settings(out: Path, settings: dict) -> None:
 
 
 def _write_run_file(out: Path, settings: dict, questions: int, finished: int, extra: dict) -> None:
-    tmp = out / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps({"settings": settings, "questions": questions, "finished_questions": finished,
-                               **extra}, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out / RUN_FILE)
+    atomic_write_json(out / RUN_FILE, {"settings": settings, "questions": questions,
+                                       "finished_questions": finished, **extra})
 
 
 def _check_chunk(records: List[WorkflowRecord], chunk, attempts: int) -> None:
@@ -200,10 +198,13 @@ def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: E
     """
     engine = model_or_engine
     if not hasattr(model_or_engine, "generate") or _is_module(model_or_engine):
-        from mopd.rollout.engine import build_engine, evaluation_dtype
+        from mopd.rollout.engines import build_engine, evaluation_dtype
 
         dtype = evaluation_dtype(cfg.rollout, cfg.eval)
-        engine = build_engine(cfg.rollout, model_or_engine, tokenizer, dtype=dtype)
+        if _is_module(model_or_engine):
+            engine = build_engine(cfg.rollout, "", dtype=dtype, trainer_model=(model_or_engine, tokenizer))
+        else:
+            engine = build_engine(cfg.rollout, model_or_engine, dtype=dtype)
     if tokenizer is None:
         tokenizer = getattr(engine, "tokenizer", None)
     return run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_fn, progress=progress)

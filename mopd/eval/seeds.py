@@ -47,7 +47,7 @@ def pooled_difference(per_seed: Sequence[tuple[np.ndarray, np.ndarray, int]], dr
 
 def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int) -> dict:
     """The multi-seed summary from each seed's ``claims.json`` (with per-question values, see
-    ``mopd.demo.check_claims``) and optionally its ``timings`` and ``pi0_check``."""
+    ``mopd.demo_report.check_claims``) and optionally its ``timings`` and ``pi0_check``."""
     seeds = [str(n) for n in per_seed]
     entries = [per_seed[n] for n in per_seed]
     names = [(c["trained"], c["base"]) for c in entries[0]["claims"]]

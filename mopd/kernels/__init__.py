@@ -5,27 +5,38 @@ Importable on its own (torch, and triton only when the Triton backend runs)::
     from mopd.kernels import (FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec,
                               fused_linear_policy_loss, linear_logprobs)
 
-See ``mopd/kernels/README.md`` for usage and ``chunked`` for the memory plan.
+See ``mopd/kernels/README.md`` for usage and ``chunked`` for the memory plan. The names below load
+on first use (PEP 562), so ``mopd.kernels.role_spec`` alone (what a run config needs) imports no torch.
 """
 
-from mopd.kernels.inputs import LossInputs
-from mopd.kernels.ops import FusedLinearPolicyLoss, fused_linear_policy_loss, linear_logprobs, resolve_backend
-from mopd.kernels.reference import reference_linear_logprobs, reference_policy_loss
-from mopd.kernels.roles import KL_TYPES, RoleSpec
-from mopd.kernels.settings import PolicyLossSettings
-from mopd.kernels.terms import STAT_NAMES, stats_to_floats
+import importlib
 
-__all__ = [
-    "KL_TYPES",
-    "STAT_NAMES",
-    "FusedLinearPolicyLoss",
-    "LossInputs",
-    "PolicyLossSettings",
-    "RoleSpec",
-    "fused_linear_policy_loss",
-    "linear_logprobs",
-    "reference_linear_logprobs",
-    "reference_policy_loss",
-    "resolve_backend",
-    "stats_to_floats",
-]
+_EXPORTS = {
+    "KL_TYPES": "mopd.kernels.role_spec",
+    "RoleSpec": "mopd.kernels.role_spec",
+    "STAT_NAMES": "mopd.kernels.terms",
+    "stats_to_floats": "mopd.kernels.terms",
+    "FusedLinearPolicyLoss": "mopd.kernels.ops",
+    "fused_linear_policy_loss": "mopd.kernels.ops",
+    "linear_logprobs": "mopd.kernels.ops",
+    "resolve_backend": "mopd.kernels.ops",
+    "LossInputs": "mopd.kernels.inputs",
+    "PolicyLossSettings": "mopd.kernels.settings",
+    "reference_linear_logprobs": "mopd.kernels.reference",
+    "reference_policy_loss": "mopd.kernels.reference",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mopd.kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

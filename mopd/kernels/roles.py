@@ -12,58 +12,17 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 
-KL_TYPES = ("k1", "k2", "k3")
-"""Schulman's KL estimators: k1 = logp - ref; k2 = (logp - ref)^2 / 2;
-k3 = exp(ref - logp) - (ref - logp) - 1."""
-
-ADVANTAGE_SOURCES = ("outcome", "opd")
+from mopd.kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES, RoleSpec  # noqa: F401 (re-exported)
 
 # Columns of the role table (kept in sync with the Triton kernel, which reads them by index).
 COL_IS_OPD, COL_OPD_COEF, COL_PG_COEF, COL_ENT_COEF, COL_KL_COEF, COL_KL_TYPE = range(6)
 ROLE_FIELDS = 8  # padded to 8 floats per row
 
 BACKENDS = ("auto", "triton", "torch", "reference")
-
-
-@dataclass(frozen=True)
-class RoleSpec:
-    """How the tokens of one role are trained.
-
-    - ``advantage="outcome"``: ``A_t = advantages[t]`` (e.g. a GRPO advantage broadcast over the call);
-      ``advantage="opd"``: ``A_t = opd_coef * (teacher_logp[t] - old_logp[t])`` (on-policy distillation).
-    - token loss ``pg_coef * pg_t - entropy_coef * H_t + kl_coef * kl_t`` with the clipped PPO
-      surrogate ``pg_t`` and the ``kl_type`` estimator of KL(pi || ref).
-
-    A role whose coefficients are all 0 contributes nothing but still counts in the default
-    normaliser (the paper's ``no_searcher_supervision`` ablation). ``name`` only labels stats.
-    """
-
-    advantage: str = "outcome"
-    opd_coef: float = 0.01
-    pg_coef: float = 1.0
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-    kl_type: str = "k3"
-    name: Optional[str] = None
-
-    def __post_init__(self):
-        if self.advantage not in ADVANTAGE_SOURCES:
-            raise ValueError(f"RoleSpec.advantage={self.advantage!r}: choose one of {ADVANTAGE_SOURCES}")
-        if self.kl_type not in KL_TYPES:
-            raise ValueError(f"RoleSpec.kl_type={self.kl_type!r}: choose one of {KL_TYPES}")
-        for field in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
-            value = getattr(self, field)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"RoleSpec.{field}={value!r} must be a finite number")
-
-    @property
-    def is_opd(self) -> bool:
-        return self.advantage == "opd"
 
 
 def role_table(role_specs: Sequence[RoleSpec], device: torch.device) -> torch.Tensor:

@@ -18,7 +18,8 @@ from mopd.retriever.bundled import bundled_corpus_path, bundled_index
 from mopd.retriever.client import HttpRetriever, RetrieverUnavailable
 from mopd.retriever.corpus import Corpus, CorpusError
 from mopd.retriever.encoders import EncoderUnavailable
-from mopd.retriever.index_store import INDEX_KINDS, IndexDirError, IndexMismatch
+from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+from mopd.retriever.index_store import INDEX_KINDS
 from mopd.retriever.passage import Passage, format_passages
 
 if TYPE_CHECKING:

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from mopd.retriever.corpus import Corpus
+from mopd.retriever.index_errors import IndexDirError
 from mopd.retriever.index_store import (
     DENSE_KINDS,
     META_FILE,
-    IndexDirError,
     IndexMeta,
     check_kind,
     read_meta,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.core.atomic import atomic_open
 from mopd.retriever.passage import Passage
 
 _SCAN_BLOCK = 64 << 20  # bytes per newline-scan step while building the offset table
@@ -100,10 +101,8 @@ class Corpus:
         else:
             starts = line_starts(self.path)
             self.offsets_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.offsets_path.with_name(self.offsets_path.name + f".tmp{os.getpid()}")
-            with open(tmp, "wb") as f:
+            with atomic_open(self.offsets_path, "wb") as f:   # concurrent builders each write their own
                 np.save(f, starts)
-            os.replace(tmp, self.offsets_path)
             self._starts = np.load(self.offsets_path, mmap_mode="r")
         if len(self._starts) == 0:
             raise CorpusError(f"corpus file {self.path} has no rows")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mopd.retriever.corpus import Corpus
-from mopd.retriever.index_store import IndexDirError, IndexMeta, IndexMismatch, write_meta
+from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+from mopd.retriever.index_store import IndexMeta, write_meta
 
 
 def faiss_kind(index) -> str:

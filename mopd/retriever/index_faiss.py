@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mopd.retriever.index_store import IndexDirError
+from mopd.retriever.index_errors import IndexDirError
 
 INDEX_FILE = "index.faiss"
 

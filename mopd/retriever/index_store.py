@@ -14,7 +14,6 @@ Every index object answers ``search(vectors_or_texts, k) -> (ids int64 [Q, k], s
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -23,18 +22,13 @@ from typing import Protocol
 
 import numpy as np
 
+from mopd.core.atomic import atomic_write_json
+from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
 DENSE_KINDS = ("flat", "ivf", "hnsw", "torch")
 INDEX_KINDS = DENSE_KINDS + ("bm25",)
-
-
-class IndexDirError(ValueError):
-    """A missing or unreadable index directory, or a bad index kind."""
-
-
-class IndexMismatch(ValueError):
-    """An index used with a query encoder or a corpus other than the ones it was built from."""
 
 
 class SearchIndex(Protocol):
@@ -74,9 +68,7 @@ def check_kind(kind: str) -> None:
 
 def write_meta(index_dir: Path, meta: IndexMeta) -> None:
     meta.created = meta.created or time.strftime("%Y-%m-%dT%H:%M:%S")
-    tmp = Path(index_dir) / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n")
-    os.replace(tmp, Path(index_dir) / META_FILE)
+    atomic_write_json(Path(index_dir) / META_FILE, asdict(meta))
 
 
 def read_meta(index_dir: Path) -> IndexMeta:

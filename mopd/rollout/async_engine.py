@@ -6,9 +6,10 @@ completions) and ``close()``. One worker thread owns the engine, so the engine i
 from two threads, and the event loop of :mod:`mopd.rollout.async_scheduler` keeps running the
 other workflows (and their retrieval) while the engine computes.
 
-- :class:`mopd.rollout.vllm_async_engine.VLLMStepFront`, for the vLLM engine: requests join
-  vLLM's running batch between engine steps and leave it the step they finish.
-- :class:`mopd.rollout.hf_continuous.HFStepFront`, for the HF engine: the same, on HFEngine's
+- An engine's own step-level front, where its capabilities declare one:
+  :class:`mopd.rollout.vllm_async_engine.VLLMStepFront`, for the vLLM engine: requests join
+  vLLM's running batch between engine steps and leave it the step they finish;
+  :class:`mopd.rollout.hf_continuous.HFStepFront`, for the HF engine: the same, on HFEngine's
   prefill, forward and sampling. A row samples the same tokens in any batch (per-row seeded
   streams, :mod:`mopd.rollout.sampling`), so batching does not change records.
 - :class:`BatchingFront`, for other engines with a synchronous ``generate`` (scripted, fakes): each
@@ -21,13 +22,14 @@ other workflows (and their retrieval) while the engine computes.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from concurrent.futures import Future
 from typing import Callable, List, Optional, Protocol, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest
+from mopd.rollout.engine import capabilities_of
+from mopd.rollout.engine_worker import cuda_device_keeper, request_rows
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.work_queue import FrontClosed, WorkQueue  # noqa: F401 (FrontClosed: the fronts' error)
 
@@ -48,21 +50,6 @@ GATHER_SHARE = 0.25
 """Default wait for stragglers, as a share of the mean generate() call (see BatchingFront)."""
 GATHER_FIRST_S = 0.05
 """Default wait before any call has been timed."""
-
-
-def cuda_device_keeper() -> Callable[[], None]:
-    """A function that makes the calling thread's CUDA device current in another thread: a new
-    thread starts on device 0, while under torchrun each rank's engine lives on its own device."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return lambda: None
-    device = torch.cuda.current_device()
-    return lambda: torch.cuda.set_device(device)
-
-
-def request_rows(request: GenerationRequest) -> int:
-    """Engine rows of a request: one per sample."""
-    return request.params.n
 
 
 class BatchingFront(WorkQueue):
@@ -146,18 +133,10 @@ class BatchingFront(WorkQueue):
 
 
 def engine_front(engine, *, max_batch_calls: int = 256, others: Callable[[], int] = lambda: 0) -> EngineFront:
-    """The front for ``engine``: step-level continuous batching for a
-    :class:`~mopd.rollout.vllm_engine.VLLMEngine` (vLLM's scheduler) and an
-    :class:`~mopd.rollout.hf_engine.HFEngine` (:mod:`mopd.rollout.hf_continuous`): sequences join
-    between decode steps, so they never wait to gather; the batching fallback for any other engine
-    with a ``generate`` (``others``: see BatchingFront)."""
-    if getattr(engine, "llm", None) is not None and hasattr(engine.llm, "llm_engine"):
-        from mopd.rollout.vllm_async_engine import VLLMStepFront
-
-        return VLLMStepFront(engine)
-    hf = sys.modules.get("mopd.rollout.hf_engine")  # loaded whenever an HFEngine exists
-    if hf is not None and isinstance(engine, hf.HFEngine):
-        from mopd.rollout.hf_continuous import HFStepFront
-
-        return HFStepFront(engine, max_rows=max_batch_calls)
+    """The front for ``engine``: its own step-level front where it declares one
+    (``capabilities.step_front``: vLLM's scheduler, or HFEngine's decode loop; sequences join
+    between decode steps, so they never wait to gather), else the batching front over its
+    ``generate`` (``others``: see BatchingFront)."""
+    if capabilities_of(engine).step_front:
+        return engine.step_front(max_rows=max_batch_calls)
     return BatchingFront(engine, max_batch_calls=max_batch_calls, others=others)

@@ -257,16 +257,20 @@ def prefers_async(engine) -> bool:
     """Whether the asynchronous scheduler is the faster one for ``engine`` (bench/RESULTS.md,
     "Asynchronous rollout"): yes for vLLM, whose engine steps run outside the Python interpreter
     lock and batch continuously (simulated at the paper's scale: 1.46-1.50x lock-step tokens/s);
-    no for the HF engine on the CPU, whose Python decode loop shares that lock with the event loop
-    (measured on the tiny world: 0.57x) and for other synchronous engines."""
-    return getattr(engine, "llm", None) is not None and hasattr(engine.llm, "llm_engine")
+    no for the HF engine, whose Python decode loop shares that lock with the event loop (measured
+    on the CPU, tiny world: 0.57x; not measured on a GPU) and for other synchronous engines. The
+    engine says so in its ``capabilities``."""
+    from mopd.rollout.engine import capabilities_of
+
+    return capabilities_of(engine).prefers_async
 
 
 def run_rollout(engine, retriever, tokenizer, questions, settings: WorkflowSettings, *, attempts: int,
                 method: str = "", progress: bool = True) -> List[WorkflowRecord]:
-    """:func:`run_workflows_async` where :func:`prefers_async`, else the lock-step scheduler with
-    its engine and retriever metered; either way the records (identical in both) carry ``stats``."""
-    if prefers_async(engine):
+    """:func:`run_workflows_async` where ``settings.scheduler`` says async, or says auto and
+    :func:`prefers_async`; else the lock-step scheduler with its engine and retriever metered;
+    either way the records (identical in both) carry ``stats``."""
+    if settings.scheduler == "async" or (settings.scheduler == "auto" and prefers_async(engine)):
         return run_workflows_async(engine, retriever, tokenizer, questions, settings, attempts=attempts,
                                    method=method, progress=progress)
     from mopd.rollout.scheduler import run_workflows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mopd.core.arguments import add_overrides_argument
+from mopd.core.workflows import workflow_names
 
 
 def register(sub) -> None:
@@ -13,7 +14,7 @@ def register(sub) -> None:
                     "eval.top_p, eval.answer_candidates). Config overrides go last, e.g. "
                     "retriever.kind=http retriever.url=http://host:8000 or retriever.index=DIR.")
     r.add_argument("--model", required=True, help="Hugging Face model directory")
-    r.add_argument("--workflow", choices=["cmas", "hmas"], default=None,
+    r.add_argument("--workflow", choices=list(workflow_names()), default=None,
                    help="workflow (default: the preset's; without --preset, cmas)")
     r.add_argument("--preset", default=None,
                    help="config preset for limits and retriever (default: cmas_base or hmas_base)")
@@ -41,7 +42,7 @@ def _rollout(args) -> int:
     from mopd.core.qa import load_questions
     from mopd.core.records import write_records
     from mopd.core.scoring import exact_match
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engines import build_engine
     from mopd.rollout.run_state import WorkflowSettings
     from mopd.rollout.scheduler import run_workflows
     from mopd.rollout.vllm_engine import EngineUnavailable

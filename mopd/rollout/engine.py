@@ -3,20 +3,55 @@
 Requests and completions (``SamplingParams``, ``GenerationRequest``, ``Completion``) are defined
 in ``mopd.core.generation``: token ids in, sampled token ids with their log-probs out.
 
-Engines: :class:`mopd.rollout.hf_engine.HFEngine` (transformers, CPU and CUDA) and
-:class:`mopd.rollout.vllm_engine.VLLMEngine` (colocated vLLM, the ``gpu`` extra). Use
-:func:`build_engine` to pick one from the rollout config.
+Each engine says what it can do in its ``capabilities`` (:class:`EngineCapabilities`); the
+schedulers, the trainer and the weight sync read that instead of looking at an engine's insides.
+The engines themselves are listed, and built, in :mod:`mopd.rollout.engines`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from mopd.core.generation import Completion, GenerationRequest
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine offers beyond ``generate``. An engine without a ``capabilities`` attribute
+    (a scripted or test engine with a synchronous ``generate``) has none of them."""
+
+    step_front: bool = False
+    """It has ``step_front(max_rows) -> EngineFront``: a front whose requests join the running batch
+    between decode steps and leave it the step they finish (continuous batching). Without it the
+    asynchronous scheduler batches whole ``generate`` calls (:class:`~mopd.rollout.async_engine.BatchingFront`)."""
+    prefers_async: bool = False
+    """The asynchronous scheduler is the faster one for it (``run_rollout``'s choice unless
+    ``rollout.scheduler`` says otherwise; bench/RESULTS.md, "Asynchronous rollout")."""
+    frees_memory: bool = False
+    """``sleep`` hands accelerator memory to the trainer (otherwise sleep and wake only drop caches)."""
+    shares_trainer_model: bool = False
+    """It samples from the trainer's own module (no copy): ``load_weights`` then copies nothing."""
+    trainer_logprobs: bool = False
+    """Its sampling log-probs are computed as the trainer computes pi_old (log-softmax of the
+    temperature-scaled logits over the whole vocabulary, in the trainer's precision), so
+    ``trainer.old_logprobs=rollout`` is exact with it at top_p 1."""
+
+
+NO_CAPABILITIES = EngineCapabilities()
+
+
+def capabilities_of(engine) -> EngineCapabilities:
+    """The engine's declared capabilities (none for an engine that declares nothing)."""
+    caps = getattr(engine, "capabilities", None)
+    return caps if isinstance(caps, EngineCapabilities) else NO_CAPABILITIES
+
+
 @runtime_checkable
 class Engine(Protocol):
+    capabilities: EngineCapabilities
+    """What the engine can do (above)."""
+
     def generate(self, requests: Sequence[GenerationRequest]) -> List[List[Completion]]:
         """One list of ``params.n`` completions per request, in request order."""
         ...
@@ -39,39 +74,3 @@ class Engine(Protocol):
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt prefixes (their keys/values belong to the previous weights)."""
         ...
-
-
-def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
-    """The weight dtype of an evaluation engine: ``eval.dtype``, whose auto is float16 on a GPU (as
-    the paper evaluates with vLLM) and float32 on a CPU, for either engine (vLLM's CPU build runs
-    there too, and float32 keeps its greedy output the HF engine's)."""
-    import torch
-
-    return eval_cfg.engine_dtype(cuda=torch.cuda.is_available())
-
-
-def build_engine(rollout_cfg, model, tokenizer=None, *, dtype: str = "auto", device: Optional[str] = None):
-    """The engine named by ``rollout_cfg.engine`` ('hf' or 'vllm') for a model path or module.
-
-    vLLM is imported only here, when chosen; without it this fails at once with the install line.
-    """
-    if rollout_cfg.engine == "hf":
-        from mopd.rollout.hf_engine import HFEngine
-
-        if isinstance(model, str):
-            return HFEngine.from_pretrained(model, dtype=dtype, device=device)
-        if tokenizer is None:
-            raise ValueError("HFEngine around an existing model needs its tokenizer")
-        return HFEngine(model, tokenizer)
-    if rollout_cfg.engine == "vllm":
-        from mopd.rollout.vllm_engine import VLLMEngine
-
-        if not isinstance(model, str):
-            raise ValueError("VLLMEngine loads its own copy of the model: pass the model directory")
-        # The longest sequence one call can reach: vLLM would otherwise size its KV cache and
-        # its checks for the model's full context (256K tokens for Qwen3-4B-Instruct-2507).
-        return VLLMEngine(model, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
-                          tensor_parallel_size=rollout_cfg.tensor_parallel_size, dtype=dtype,
-                          seed=rollout_cfg.seed,
-                          max_model_len=rollout_cfg.max_input_tokens + rollout_cfg.max_output_tokens)
-    raise ValueError(f"unknown engine {rollout_cfg.engine!r}; choose hf or vllm")

@@ -31,8 +31,8 @@ from typing import List, Optional
 import torch
 
 from mopd.core.generation import Completion, GenerationRequest
-from mopd.rollout.async_engine import cuda_device_keeper, request_rows
-from mopd.rollout.hf_engine import _layer_kv
+from mopd.rollout.engine_worker import cuda_device_keeper, request_rows
+from mopd.rollout.kv_layers import layer_kv
 from mopd.rollout.rollout_stats import BusyMeter
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
 from mopd.rollout.work_queue import FrontClosed, WorkQueue
@@ -219,7 +219,7 @@ class HFStepFront(WorkQueue):
             return old or new
         width = max(old.mask.shape[1], new.mask.shape[1])
         layers = [(_stack_left(ko, kn, width), _stack_left(vo, vn, width))
-                  for (ko, vo), (kn, vn) in zip(_layer_kv(old.cache), _layer_kv(new.cache))]
+                  for (ko, vo), (kn, vn) in zip(layer_kv(old.cache), layer_kv(new.cache))]
         return _Batch(old.rows + new.rows, _new_cache(self.engine.model, layers),
                       _stack_left(old.mask, new.mask, width),
                       torch.cat([old.tok, new.tok]), torch.cat([old.pos, new.pos]),
@@ -239,7 +239,7 @@ class HFStepFront(WorkQueue):
             used = b.mask.any(0).nonzero()
             first = int(used[0]) if used.numel() else 0
             if first:  # columns left of every row's first real token: padding only
-                layers = [(k[:, :, first:], v[:, :, first:]) for k, v in _layer_kv(b.cache)]
+                layers = [(k[:, :, first:], v[:, :, first:]) for k, v in layer_kv(b.cache)]
                 b.cache, b.mask = _new_cache(self.engine.model, layers), b.mask[:, first:]
         return b
 

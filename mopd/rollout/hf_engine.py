@@ -20,6 +20,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from mopd.core.generation import Completion, GenerationRequest
+from mopd.rollout.engine import EngineCapabilities
+from mopd.rollout.kv_layers import layer_kv
 from mopd.rollout.prefix_store import LayerKV, PrefixStore
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
 
@@ -133,6 +135,21 @@ class HFEngine:
                 dst.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
                 written.add(dst.data_ptr())
         self.reset_prefix_cache()
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A step-level front (:mod:`mopd.rollout.hf_continuous`), but lock-step is the faster
+        scheduler (its Python decode loop shares the interpreter lock with the event loop: 0.57x on
+        the tiny world, bench/RESULTS.md); sampling log-probs are the trainer's (same model, full
+        softmax of the temperature-scaled logits); memory is freed only for an owned copy on a GPU."""
+        return EngineCapabilities(step_front=True, prefers_async=False, frees_memory=self._frees_memory(),
+                                  shares_trainer_model=not self.owns_model, trainer_logprobs=True)
+
+    def step_front(self, max_rows: int = 256):
+        """The continuous-batching front over this engine (requests join between decode steps)."""
+        from mopd.rollout.hf_continuous import HFStepFront
+
+        return HFStepFront(self, max_rows=max_rows)
 
     def _frees_memory(self) -> bool:
         """Only an engine-owned copy on a GPU has memory worth freeing; a shared model is the
@@ -260,7 +277,7 @@ class HFEngine:
         token (sampled, never fed), in the first real columns of the mask."""
         if self.prefix_store is None:
             return
-        layers = _layer_kv(cache)
+        layers = layer_kv(cache)
         for b, seq in zip(batch_rows, sequences):
             n = len(seq) - 1
             cols = mask[b].nonzero().squeeze(-1)[:n]
@@ -334,11 +351,3 @@ class HFEngine:
             next_pos = next_pos + 1
         return [Completion(token_ids=tokens[k], logprobs=logprobs[k], finish_reason=reasons[k] or "length",
                            text=self.tokenizer.decode(tokens[k], skip_special_tokens=True)) for k in range(n)]
-
-
-def _layer_kv(cache) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) of every layer of a DynamicCache, [B, kv_heads, T, head_dim] each
-    (transformers 5 keeps them in ``cache.layers``, 4.x in ``key_cache``/``value_cache``)."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))

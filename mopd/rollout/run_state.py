@@ -58,6 +58,8 @@ class WorkflowSettings:
     """Async scheduler: search calls in flight at once (1 for an in-process index, a few for HTTP)."""
     retrieval_timeout_s: float = 0.0
     """Async scheduler: a search call not answered by then fails its runs; 0: wait."""
+    scheduler: str = "auto"
+    """auto (the engine's preference), lockstep or async (``rollout.scheduler``)."""
 
     @classmethod
     def for_training(cls, cfg, seed: int) -> "WorkflowSettings":
@@ -68,19 +70,19 @@ class WorkflowSettings:
                    searcher_sees_question=r.searcher_sees_question, max_input_tokens=r.max_input_tokens,
                    max_output_tokens=r.max_output_tokens, answer_candidates=r.answer_candidates,
                    temperature=r.temperature, top_p=r.top_p, seed=seed, topk=cfg.retriever.topk,
-                   max_batch_calls=r.max_batch_calls, retrieval_workers=4 if cfg.retriever.kind == "http" else 1)
+                   max_batch_calls=r.max_batch_calls, retrieval_workers=4 if cfg.retriever.kind == "http" else 1,
+                   scheduler=r.scheduler)
 
     @classmethod
     def for_evaluation(cls, cfg, workflow: str = "", seed: int | None = None) -> "WorkflowSettings":
         """Evaluation (and validation): the config's limits with ``cfg.eval`` sampling and candidates.
-        A workflow other than the config's gets the paper's step limit for it (``WORKFLOW_STEPS``)."""
-        from mopd.config import WORKFLOW_STEPS
+        A workflow other than the config's gets the paper's step limit for it (the workflow table's)."""
+        from mopd.core.workflows import workflow as workflow_entry
 
         workflow = workflow or cfg.rollout.workflow
-        if workflow not in WORKFLOW_STEPS:
-            raise ValueError(f"workflow {workflow!r} is not valid; choose one of {sorted(WORKFLOW_STEPS)}")
+        limit = workflow_entry(workflow).max_steps   # an unknown name fails here
         train = cls.for_training(cfg, cfg.rollout.seed if seed is None else seed)
-        steps = train.max_steps if workflow == cfg.rollout.workflow else WORKFLOW_STEPS[workflow]
+        steps = train.max_steps if workflow == cfg.rollout.workflow else limit
         return dataclasses.replace(train, workflow=workflow, max_steps=steps, temperature=cfg.eval.temperature,
                                    top_p=cfg.eval.top_p, answer_candidates=cfg.eval.answer_candidates)
 

@@ -20,6 +20,8 @@ from mopd.rollout.hmas import HMASRun
 from mopd.rollout.run_state import RunContext, WorkflowSettings
 
 WORKFLOWS = {"cmas": CMASRun, "hmas": HMASRun}
+"""The state machine of each entry of the workflow table (``mopd.core.workflows``; a test checks
+that every entry has one)."""
 
 
 def new_run(workflow: str, example, attempt: int, tokenizer, settings: WorkflowSettings, method: str = "",

@@ -33,9 +33,9 @@ from concurrent.futures import Future
 from typing import Dict, Tuple
 
 from mopd.core.generation import GenerationRequest
-from mopd.rollout.async_engine import cuda_device_keeper
+from mopd.rollout.engine_worker import cuda_device_keeper
 from mopd.rollout.rollout_stats import BusyMeter
-from mopd.rollout.vllm_engine import completion_from_output
+from mopd.rollout.vllm_outputs import completion_from_output
 from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 

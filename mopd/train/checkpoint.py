@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from mopd.core.atomic import atomic_write_text
 from mopd.train.manifest import FORMAT, verify_checkpoint, write_manifest
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -244,9 +245,7 @@ def mark_best(run_dir: str | os.PathLike, step: int, metric: str, value: float) 
     beside the last K (rank 0 writes; call it on every rank)."""
     f = Path(run_dir) / "checkpoints" / BEST_FILE
     if _rank() == 0:
-        tmp = f.with_name(BEST_FILE + ".tmp")
-        tmp.write_text(json.dumps({"step": int(step), "metric": metric, "value": float(value)}))
-        os.replace(tmp, f)
+        atomic_write_text(f, json.dumps({"step": int(step), "metric": metric, "value": float(value)}))
     _barrier()
     return f.parent / f"step_{int(step):06d}"
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from mopd.core.atomic import atomic_write_text
+
 MANIFEST = "manifest.json"
 FORMAT = 2
 """``trainer_state.json["format"]`` of checkpoints that carry a manifest (1: before manifests)."""
@@ -55,11 +57,7 @@ def write_manifest(ckpt_dir: str | os.PathLike) -> Path | None:
     if rank != 0:
         return None
     out = ckpt_dir / MANIFEST
-    tmp = ckpt_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "files": dict(sorted(mine.items()))}, indent=1))
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    atomic_write_text(out, json.dumps({"format": FORMAT, "files": dict(sorted(mine.items()))}, indent=1), fsync=True)
     return out
 
 

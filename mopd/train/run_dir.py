@@ -19,13 +19,13 @@ through its ``config.yaml`` alone.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mopd.core.atomic import atomic_write_text
 from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 
 RUN_FILE = "run.json"
@@ -175,9 +175,7 @@ def move_aside(out_dir: Path, now: float | None = None) -> Path:
 def write_identity(out_dir: Path, ident: dict, changes: list | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     data = dict(ident, changes=changes or [])
-    tmp = out_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, out_dir / RUN_FILE)
+    atomic_write_text(out_dir / RUN_FILE, json.dumps(data, indent=1, default=str))
 
 
 def prepare_run_dir(cfg, *, resume: bool, overwrite: bool = False, allow_changed: Sequence[str] = (),
@@ -262,7 +260,5 @@ def truncate_metrics(path: Path, step: int | None) -> int:
             keep.append(line)
         else:
             dropped += bool(line.strip())
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(x + "\n" for x in keep))
     return dropped

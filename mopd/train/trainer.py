@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from mopd.algo.advantages import role_specs, step_advantages
-from mopd.config import Config, to_dict, to_yaml
+from mopd.config import Config, ConfigError, to_dict, to_yaml
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.train import checkpoint as ckpt
 from mopd.train.distributed import all_reduce, init_distributed, leave_process_group, rank_and_world
@@ -128,17 +128,21 @@ class PolicyTrainer:
                                        cfg.trainer.seed, self.rank, self.world)
 
     def _build_engine(self):
-        from mopd.rollout.engine import build_engine
+        from mopd.rollout.engine import capabilities_of
+        from mopd.rollout.engines import build_engine
 
         cfg = self.cfg
-        if cfg.rollout.engine == "hf" and not self.sharded:
-            # One process, one model: the engine samples from the very module being trained.
-            return build_engine(cfg.rollout, self.model, self.tokenizer)
-        if cfg.rollout.engine == "hf":
-            # FSDP ranks generate different workloads, which sharded forwards cannot do: each rank
-            # keeps a full inference copy, refreshed after every update.
-            return build_engine(cfg.rollout, cfg.model.path, dtype=cfg.model.dtype, device=str(self.device))
-        return build_engine(cfg.rollout, cfg.model.path, dtype=cfg.model.dtype)
+        # One process, one model: an engine that can sample from the very module being trained
+        # does. FSDP ranks generate different workloads, which sharded forwards cannot do: there
+        # every engine keeps a full inference copy, refreshed after every update.
+        offer = None if self.sharded else (self.model, self.tokenizer)
+        engine = build_engine(cfg.rollout, cfg.model.path, dtype=cfg.model.dtype, device=str(self.device),
+                              trainer_model=offer)
+        if cfg.trainer.old_logprobs == "rollout" and not capabilities_of(engine).trainer_logprobs:
+            raise ConfigError(f"trainer.old_logprobs=rollout needs an engine whose sampling log-probs are the "
+                              f"trainer's; rollout.engine={cfg.rollout.engine} computes them differently "
+                              "(precision, processed logits): use trainer.old_logprobs=recompute")
+        return engine
 
     def _refresh_engine(self) -> None:
         """The updated weights into the engine, streamed one parameter at a time, then its cache."""
@@ -307,8 +311,11 @@ class PolicyTrainer:
                                 f"stopped (checkpoint {path}). Lower trainer.lr or check the data.")
 
     def _judge(self, records) -> Optional[Dict]:
-        """The prompted critic's verdicts on every Searcher report (the current policy judges)."""
-        if self.cfg.reward.searcher != "critic":
+        """The prompted critic's verdicts on every Searcher report (the current policy judges), when a
+        role's reward needs them."""
+        from mopd.algo.rewards import role_reward_objects
+
+        if not any(r.needs_judge for r in role_reward_objects(self.cfg.reward).values()):
             return None
         from mopd.algo.critic import judge_items, judge_reports, verdicts_by_call
 

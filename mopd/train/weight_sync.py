@@ -63,8 +63,11 @@ def stream_parameters(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
 
 
 def shares_model(engine, model: nn.Module) -> bool:
-    """True when the engine samples from ``model`` itself (nothing to free or to copy)."""
-    return getattr(engine, "model", None) is model
+    """True when the engine samples from ``model`` itself (nothing to free or to copy): it declares
+    that it can (``capabilities.shares_trainer_model``) and holds this very module."""
+    from mopd.rollout.engine import capabilities_of
+
+    return capabilities_of(engine).shares_trainer_model and getattr(engine, "model", None) is model
 
 
 def release_engine(engine, model: nn.Module) -> None:

@@ -90,7 +90,7 @@ def test_outcome_searcher_and_critic():
 
 def test_no_candidate_scores_zero():
     rec = hmas_record([], [0])
-    assert role_rewards(rec, RewardConfig(leader="team"))["l0"] == 0.0
+    assert role_rewards(rec, RewardConfig(roles={"leader": "team"}))["l0"] == 0.0
 
 
 def test_kl_in_reward_by_hand():
@@ -128,3 +128,29 @@ def test_an_invalid_output_gets_exactly_the_invalid_reward_without_kl():
     out = kl_in_reward(r, rec, {"l0": 3.0, "a0": 5.0, "a1": 7.0}, cfg.kl_roles, cfg.kl_coef)
     assert out["l0"] == -1.0 and out["a1"] == -1.0
     assert out["a0"] == pytest.approx(1.0 - 5e-3)       # a valid candidate still pays its KL
+
+
+def test_every_reward_the_config_offers_has_an_object_with_its_coefficients():
+    from mopd.algo.rewards import BUILDERS, Critic, TeamAssign, TeamBonus, reward_of
+    from mopd.config import REWARDS
+
+    assert sorted(BUILDERS) == sorted(REWARDS)
+    cfg = RewardConfig(bonus_coef=0.35, assign_coef=0.15, assign_cap=4, critic_em=0.1, critic_judge=0.7,
+                       critic_bonus=0.05)
+    assert reward_of("team_bonus", cfg) == TeamBonus(0.35)
+    assert reward_of("team_assign", cfg) == TeamAssign(0.15, 4)
+    critic = reward_of("critic", cfg)
+    assert critic == Critic(0.1, 0.7, 0.05) and critic.per_call and critic.needs_judge
+    assert not reward_of("team", cfg).needs_judge and reward_of("candidate_em", cfg).per_call
+    with pytest.raises(ValueError, match="unknown reward"):
+        reward_of("bonus", cfg)
+
+
+def test_a_role_can_take_any_reward_by_name():
+    """reward.roles chooses the object: the Leader paid with the Searcher's bonus reward gets
+    R_EM + bonus_coef * b_S, not its default assignment reward."""
+    rec = hmas_record(["<answer>Paris</answer>"], [0])
+    default = role_rewards(rec, RewardConfig())
+    swapped = role_rewards(rec, RewardConfig(roles={"leader": "team_bonus"}, bonus_coef=0.4))
+    assert default["l0"] == pytest.approx(1.0 + 0.2 * 1 / 6)      # R_EM + 0.2 R_assign, one search step
+    assert swapped["l0"] == pytest.approx(1.0 + 0.4 * 0.5)         # R_EM + 0.4 b_S, b_S = 0.5 after one step

@@ -36,6 +36,7 @@ def _run(tmp: Path, hash_seed: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_same_seed_same_bits_in_fresh_processes(tmp_path):
     a = _run(tmp_path / "a", "1")
     b = _run(tmp_path / "b", "2")

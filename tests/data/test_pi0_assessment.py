@@ -71,6 +71,7 @@ def test_demo_settings_reject_a_bad_pi0_setting():
         DemoSettings(pi0=["search_first=5"])
 
 
+@pytest.mark.slow
 def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
     import json
 

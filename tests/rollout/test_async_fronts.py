@@ -13,6 +13,7 @@ from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.rollout.async_engine import GATHER_FIRST_S, GATHER_SHARE, BatchingFront, FrontClosed, engine_front
 from mopd.rollout.async_retrieval import RetrievalFront
 from mopd.rollout.rollout_stats import BusyMeter, RolloutStats
+from mopd.rollout.engine import EngineCapabilities
 from mopd.rollout.vllm_async_engine import VLLMStepFront
 
 
@@ -151,12 +152,19 @@ class FakeLLM:
 
 
 class FakeVLLMEngine:
+    """VLLMEngine's surface that VLLMStepFront uses, and its declared capabilities."""
+
+    capabilities = EngineCapabilities(step_front=True, prefers_async=True)
+
     def __init__(self):
         self.llm = FakeLLM()
         self.tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: " ".join(map(str, ids)))
 
     def _params(self, p):
         return SimpleNamespace(n=p.n, max_tokens=p.max_new_tokens)
+
+    def step_front(self, max_rows=256):
+        return VLLMStepFront(self)
 
     def reset_prefix_cache(self):
         pass

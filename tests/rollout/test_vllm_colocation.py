@@ -133,7 +133,7 @@ def fake_vllm(monkeypatch):
 
 
 def test_build_engine_passes_the_length_limit_and_memory_share_from_the_config(fake_vllm, monkeypatch):
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engines import build_engine
 
     for k in ("RANK", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)

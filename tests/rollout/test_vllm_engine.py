@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from mopd.config import RolloutConfig
-from mopd.rollout.engine import build_engine
-from mopd.rollout.vllm_engine import INSTALL_HINT, EngineUnavailable, completion_from_output
+from mopd.rollout.engines import build_engine
+from mopd.rollout.vllm_engine import INSTALL_HINT, EngineUnavailable
+from mopd.rollout.vllm_outputs import completion_from_output
 
 
 def test_output_conversion(tokenizer):

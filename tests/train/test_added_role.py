@@ -1,17 +1,20 @@
-"""Adding a role, as a contributor would: an entry in the role table, one agent class, one workflow,
-and the trainer trains it for one step without any other file knowing about it."""
+"""Adding a role and a workflow, as a contributor would: an entry in the role table, one agent class,
+an entry in the workflow table with its state machine; then the config accepts the workflow, the
+rewards, the loss and the method summary read the new role from the table, and the trainer trains it
+for one step, without any other file knowing about either."""
 
 import pytest
 import torch
 
-from mopd.config import resolve
+from mopd.config import describe, resolve
+from mopd.core.workflows import Workflow, add_workflow, remove_workflow
 from mopd.core.actions import parse_answerer
-from mopd.core.records import AgentCall, WorkflowRecord
+from mopd.core.records import AgentCall
 from mopd.core.roles import Role, add_role, remove_role, role_id, role_names
 from mopd.core.scoring import extract_answer
 from mopd.rollout.chat import render_ids
 from mopd.rollout.run_state import RunContext, Turn
-from mopd.rollout.scheduler import run_steps
+from mopd.rollout import scheduler
 from mopd.rollout.scripted_engine import ScriptedEngine
 from mopd.rollout.transcript import Transcript
 from mopd.train.trainer import PolicyTrainer
@@ -79,33 +82,40 @@ class CheckRun:
         self.ctx.finish()
 
 
+CHECK = Workflow("check", roles=("checker",), max_steps=1, description="the Checker answers alone")
+
+
 def check_rollout(engine, retriever, tokenizer, questions, settings, *, attempts, method="", progress=False):
-    """A ``run_workflows``-compatible rollout of the toy workflow, with a scripted policy whose
-    answers are right for some candidates and wrong for others."""
+    """The scheduler's own rollout of ``settings.workflow`` (the toy workflow, found in the registry),
+    with a scripted policy whose answers are right for some candidates and wrong for others."""
     def respond(prompt, params):
         return [f"<answer>town {j % 3}</answer>" for j in range(params.n)]
 
-    runs = []
-    for q in questions:
-        for a in range(attempts):
-            rec = WorkflowRecord(question_id=q.id, dataset=q.dataset, question=q.question, answers=list(q.answers),
-                                 attempt=a, method=method, workflow=CheckRun.workflow, group_id=f"{q.dataset}/{q.id}#0")
-            runs.append(CheckRun(RunContext(rec, tokenizer, settings)))
-    run_steps(ScriptedEngine(tokenizer, respond), retriever, runs, topk=settings.topk)
-    return [r.ctx.record for r in runs]
+    assert settings.workflow == "check"
+    return scheduler.run_workflows(ScriptedEngine(tokenizer, respond), retriever, tokenizer, questions, settings,
+                                   attempts=attempts, method=method, progress=False)
 
 
 @pytest.fixture
-def checker_role():
+def checker_role(monkeypatch):
     add_role(CHECKER)
+    add_workflow(CHECK)
+    monkeypatch.setitem(scheduler.WORKFLOWS, "check", CheckRun)
     yield CHECKER
+    remove_workflow(CHECK.name)
     remove_role(CHECKER.name)
 
 
 def test_a_fourth_role_trains_one_step(checker_role, tiny_model_dir, qa_file, tmp_path):
     assert role_names()[-1] == "checker" and role_id("checker") == 3
     cfg = resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, tmp_path / "run",
-                                            **{"rollout.answer_candidates": 3, "trainer.ppo_minibatches": 1}))
+                                            **{"rollout.answer_candidates": 3, "trainer.ppo_minibatches": 1,
+                                               "rollout.workflow": "check", "algo.checker.entropy_coef": 0.002}))
+    # the config and the method summary know the new role and workflow from the tables alone
+    assert cfg.reward.of("checker") == "candidate_em" and cfg.algo.role("checker").entropy_coef == 0.002
+    summary = describe(cfg)
+    assert "(check)" in summary and "checker   GRPO on reward=candidate_em" in summary
+    assert "searcher" not in summary.split("teacher:")[0]
     t = PolicyTrainer(cfg, retriever=FakeRetriever(), progress=False, rollout_fn=check_rollout)
     before = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
     m = t.train_step()
@@ -129,3 +139,21 @@ def test_the_table_refuses_clashing_roles(checker_role):
         remove_role("answerer")
     with pytest.raises(ValueError, match="grouping"):
         Role("x", "x", (), parse_answerer, grouping="per_token")
+
+
+def test_every_workflow_of_the_table_has_a_state_machine():
+    from mopd.core.workflows import workflow_names
+
+    assert sorted(scheduler.WORKFLOWS) == sorted(workflow_names())
+
+
+def test_the_workflow_table_refuses_bad_entries(checker_role):
+    add_workflow(CHECK)  # the same workflow again: no change
+    with pytest.raises(ValueError, match="already in the table"):
+        add_workflow(Workflow("check", ("checker", "answerer"), 2, "another"))
+    with pytest.raises(ValueError, match="not in the role table"):
+        add_workflow(Workflow("ghost", ("nobody",), 1, "a role that does not exist"))
+    with pytest.raises(ValueError, match="runs no role"):
+        Workflow("empty", (), 1, "no roles")
+    with pytest.raises(ValueError, match="built-in"):
+        remove_workflow("hmas")

@@ -28,6 +28,7 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_reduce_leave_and_end_with_the_code_and_their_output(tmp_path):
     """What a torchrun worker does: the sums are right, and ending after a multi-rank gloo group
     (no interpreter teardown) still returns the given code and flushes what was printed."""

@@ -150,7 +150,7 @@ def test_a_kl_loss_term_on_a_role_trains_towards_the_reference(tiny_model_dir, s
     # the micro-batch holding the most Answerer tokens (calls are spread over micro-batches by tokens)
     b = max(t.score(records).batches, key=lambda x: int((x.roles == role_id("answerer")).sum()))
     b.advantages = torch.zeros_like(b.old_logp)
-    no_kl = dataclasses.replace(t.cfg.algo, answerer=dataclasses.replace(t.cfg.algo.answerer, kl_coef=0.0))
+    no_kl = dataclasses.replace(t.cfg.algo, roles={**t.cfg.algo.roles, "answerer": dataclasses.replace(t.cfg.algo.role("answerer"), kl_coef=0.0)})
     with torch.no_grad():
         with_term, stats = t.policy(b, t.loss, normalizer=1.0)
         without, _ = t.policy(b, _loss_head(dataclasses.replace(t.cfg, algo=no_kl)), normalizer=1.0)

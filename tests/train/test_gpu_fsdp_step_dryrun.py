@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_fsdp_step_dry_run_passes_every_check(tmp_path):
     out = tmp_path / "fsdp_step.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")

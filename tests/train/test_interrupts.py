@@ -92,6 +92,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_process_sent_sigterm_writes_a_verified_checkpoint(tiny_model_dir, tmp_path):
     from mopd.train.checkpoint import find_checkpoint
 

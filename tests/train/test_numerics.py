@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.train.test_distributed import free_port
 
 WORKER = Path(__file__).parent / "numerics_worker.py"
 
 
+@pytest.mark.slow
 def test_two_rank_mixed_precision_numerics(tiny_model_dir, tmp_path):
     out = tmp_path / "numerics.json"
     root = str(Path(__file__).resolve().parents[2])

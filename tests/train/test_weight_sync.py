@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from mopd.rollout.engine import EngineCapabilities
 from mopd.train.weight_sync import SLEEP_LEVEL, engine_name, refresh_engine, release_engine, stream_parameters
 
 
@@ -118,6 +119,7 @@ def test_an_engine_sharing_the_model_only_clears_its_prefix_cache():
     log = []
     engine = RecordingEngine(log)
     engine.model = model
+    engine.capabilities = EngineCapabilities(shares_trainer_model=True)   # as HFEngine around the module
     release_engine(engine, model)
     refresh_engine(engine, model)
     assert log == ["reset", "reset"]

@@ -24,7 +24,7 @@ def vllm_engine(vllm_model_dir):
     """The engine exactly as ``rollout.engine=vllm`` builds it (``build_engine``), CPU defaults only."""
     require_vllm()
     from mopd.config import RolloutConfig
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engines import build_engine
 
     return build_engine(RolloutConfig(engine="vllm", max_input_tokens=MAX_INPUT, max_output_tokens=MAX_OUTPUT,
                                       seed=5), vllm_model_dir)

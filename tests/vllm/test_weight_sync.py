@@ -18,7 +18,7 @@ from tests.vllm.test_engine import LOGPROB_TOL, random_prompts  # noqa: E402
 def own_engine(vllm_model_dir):
     """An engine of its own: these tests change its weights."""
     from mopd.config import RolloutConfig
-    from mopd.rollout.engine import build_engine
+    from mopd.rollout.engines import build_engine
 
     return build_engine(RolloutConfig(engine="vllm", max_input_tokens=256, max_output_tokens=32), vllm_model_dir)
 

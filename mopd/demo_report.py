@@ -1,0 +1,170 @@
+"""The demo's report: the claims it checks (paired bootstrap differences), the pi_0 check's table,
+and the multi-seed summary with its tables (rendered into README.md by ``mopd demo-docs``).
+
+The pipeline that produces what these read is :mod:`mopd.demo`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from mopd.eval.bootstrap import DEFAULT_SEED
+
+
+def _log(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class ReportInputs:
+    """What the report shows besides the evaluations."""
+
+    logs: List[Path]
+    """Training stages' metrics.jsonl, for the validation curves."""
+    labels: List[str]
+    """A label per log."""
+    draws: int
+    """Question-bootstrap draws."""
+    dev: bool = False
+    """The systems were evaluated on the dev split (the tuning path)."""
+    pi0_check: Optional[dict] = None
+    """pi_0's dev check (:func:`mopd.data.policy_check.check_pi0_cached`), appended when given."""
+
+
+def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
+    """report.md with its plots and metrics (``mopd eval report``'s), claims.json, and the pi_0
+    check; returns the report's path."""
+    from mopd.eval.report import ReportOptions, report_runs
+
+    title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if inputs.dev else "")
+    report = report_runs(runs, report_dir, ReportOptions(
+        names=names, reference="MultiAgent-OPD", draws=inputs.draws, seed=DEFAULT_SEED,
+        validation_logs=inputs.logs, validation_labels=inputs.labels, title=title))
+    claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
+    (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
+    for c in claims:
+        _log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
+             f"[{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}] -> {'holds' if c['holds'] else 'NOT shown'}")
+    check = inputs.pi0_check
+    if check is not None:
+        (report_dir / "pi0_check.json").write_text(json.dumps(check, indent=2))
+        with report.open("a", encoding="utf-8") as f:
+            f.write("\n" + pi0_check_markdown(check))
+        if check["weak"]:
+            _log("WARNING: " + check["verdict"])
+    return report
+
+
+CLAIMS = [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
+"""The paper's two claims the demo checks: Stage I beats its base, MultiAgent-OPD beats H-MAS base."""
+
+
+def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) -> List[dict]:
+    """Paired question-bootstrap difference of strict macro avg@K for each claim: the trained system
+    minus its base, with its 95% interval; a claim holds when the whole interval is above 0."""
+    from mopd.eval.report import load_runs
+    from mopd.eval.summary import summarize
+
+    out = []
+    for trained, base in CLAIMS:
+        pair = load_runs([runs[base], runs[trained]], [base, trained])
+        summary = summarize(pair, reference=trained, draws=draws, seed=seed)
+        k = summary["metric_names"]["avg"]
+        row = summary["accuracy"]["strict"][base]["macro"][k]
+        out.append({"trained": trained, "base": base, "metric": k, "diff": row["diff_vs_reference"],
+                    "ci": list(row["diff_ci"]), "holds": bool(row["diff_ci"][0] > 0),
+                    "questions": claim_questions(pair)})
+    return out
+
+
+def claim_questions(pair) -> List[dict]:
+    """Per question (dataset, id): strict avg@K of the base (first) and the trained (second) system,
+    so a multi-seed summary can bootstrap seeds and questions from the committed claims alone."""
+    from mopd.eval.alignment import align_runs
+    from mopd.eval.metrics import outcomes, question_metrics
+
+    runs = align_runs(pair)
+    avg = question_metrics(outcomes(runs).strict)["avg"]  # [2, Q]
+    return [{"dataset": d, "id": q, "base": float(avg[0, i]), "trained": float(avg[1, i])}
+            for i, (d, q) in enumerate(runs.questions)]
+
+
+def pi0_check_markdown(check: dict) -> str:
+    rows = ["## Warm start (pi_0) on the dev split", "",
+            f"{check['attempts']} workflows per dev question, T=0.6. {check['verdict']}", "",
+            "| workflow | strict EM | Answerer outputs valid | invalid calls | searches |",
+            "| :--- | ---: | ---: | ---: | ---: |"]
+    for wf, r in check["workflows"].items():
+        rows.append(f"| {wf} | {r['em']:.3f} | {r['answer_valid']:.3f} | {r['invalid_calls']:.3f} | "
+                    f"{r['searches']:.2f} |")
+    return "\n".join(rows) + "\n"
+
+
+def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "test") -> Path:
+    """summary.json and summary.md of finished seed runs under ``root``: per claim, on how many
+    seeds it holds and the pooled effect with a bootstrap over seeds and questions."""
+    from mopd.eval.seeds import summarize_seeds
+
+    root = Path(root)
+    report = "report_dev" if split == "dev" else "report"
+    per_seed = {}
+    for n in seeds:
+        d = root / f"seed{n}"
+        entry = {"claims": json.loads((d / report / "claims.json").read_text())}
+        for name, rel in (("timings", "timings.json"), ("pi0_check", f"{report}/pi0_check.json")):
+            if (d / rel).is_file():
+                entry[name] = json.loads((d / rel).read_text())
+        per_seed[n] = entry
+    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED)
+    summary["split"] = split
+    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path = root / "summary.md"
+    path.write_text(seed_summary_markdown(summary), encoding="utf-8")
+    for c in summary["claims"]:
+        _log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
+             f"{100 * c['diff']:+.2f} [{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}]")
+    return path
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.2f}"
+
+
+def seed_summary_markdown(summary: dict) -> str:
+    """The multi-seed tables: per seed, then per claim pooled (both rendered into README.md)."""
+    lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
+             seed_table(summary), "", pooled_table(summary), "",
+             f"Pooled: the mean over seeds of each seed's macro avg@4 difference; interval: "
+             f"{summary['draws']:,} draws resampling seeds, then each drawn seed's questions within each "
+             "dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when that seed's "
+             "question-bootstrap interval lies above 0."]
+    return "\n".join(lines) + "\n"
+
+
+def seed_table(summary: dict) -> str:
+    head = ["seed"] + [f"{c['trained']} minus {c['base']}" for c in summary["claims"]] + ["pi_0 dev EM", "demo time"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, e in summary["per_seed"].items():
+        cells = [str(n)]
+        for c in e["claims"]:
+            cells.append(f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
+                         + ("" if c["holds"] else " (not shown)"))
+        chk = e.get("pi0_check")
+        cells.append("n/a" if chk is None else f"{chk['em']:.3f}" + (" (weak)" if chk["weak"] else ""))
+        tot = e.get("timings", {}).get("total")
+        cells.append("n/a" if tot is None else f"{tot / 60:.1f} min")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def pooled_table(summary: dict) -> str:
+    rows = ["| claim | holds on | pooled avg@4 difference |", "|---|---|---|"]
+    for c in summary["claims"]:
+        rows.append(f"| {c['trained']} minus {c['base']} | {c['held']} of {c['seeds']} seeds | "
+                    f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}] |")
+    return "\n".join(rows)

@@ -1,0 +1,53 @@
+"""The engines, and the one function that builds them from the rollout config.
+
+- ``hf``: :class:`mopd.rollout.hf_engine.HFEngine` (transformers, CPU and CUDA). It can sample
+  from the trainer's own module (one process: no copy, no weight sync) or load its own copy.
+- ``vllm``: :class:`mopd.rollout.vllm_engine.VLLMEngine` (colocated vLLM, the ``gpu`` extra, or
+  vLLM's CPU build). It always loads its own copy.
+
+Adding an engine: a class with the :class:`~mopd.rollout.engine.Engine` protocol (its
+``capabilities`` say what the schedulers and the trainer may ask of it), its name in
+``mopd.config.ENGINES``, and a branch here. Backends are imported only when chosen: without
+vLLM, choosing it fails at once with the install line.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+
+def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
+    """The weight dtype of an evaluation engine: ``eval.dtype``, whose auto is float16 on a GPU (as
+    the paper evaluates with vLLM) and float32 on a CPU, whichever the engine."""
+    import torch
+
+    return eval_cfg.engine_dtype(cuda=torch.cuda.is_available())
+
+
+def build_engine(rollout_cfg, model_path: str, *, dtype: str = "auto", device: Optional[str] = None,
+                 trainer_model: Optional[Tuple[object, object]] = None):
+    """The engine named by ``rollout_cfg.engine`` for the model at ``model_path``.
+
+    ``trainer_model``: ``(module, tokenizer)`` of a one-process trainer, offered to an engine that
+    can sample from it (``capabilities.shares_trainer_model``); an engine that cannot loads
+    ``model_path`` instead. ``device``: where an engine that places its own copy puts it.
+    """
+    if rollout_cfg.engine == "hf":
+        from mopd.rollout.hf_engine import HFEngine
+
+        if trainer_model is not None:
+            module, tokenizer = trainer_model
+            return HFEngine(module, tokenizer)
+        return HFEngine.from_pretrained(model_path, dtype=dtype, device=device)
+    if rollout_cfg.engine == "vllm":
+        from mopd.rollout.vllm_engine import VLLMEngine
+
+        # The longest sequence one call can reach: vLLM would otherwise size its KV cache and
+        # its checks for the model's full context (256K tokens for Qwen3-4B-Instruct-2507).
+        return VLLMEngine(model_path, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+                          tensor_parallel_size=rollout_cfg.tensor_parallel_size, dtype=dtype,
+                          seed=rollout_cfg.seed,
+                          max_model_len=rollout_cfg.max_input_tokens + rollout_cfg.max_output_tokens)
+    from mopd.config import ENGINES
+
+    raise ValueError(f"unknown engine {rollout_cfg.engine!r}; choose one of {list(ENGINES)}")
