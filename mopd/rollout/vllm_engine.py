@@ -166,7 +166,7 @@ def _restore_rng_states(states: dict) -> None:
 def load_weights_on_worker(worker, named_tensors) -> None:
     """Runs inside each vLLM worker (``collective_rpc`` passes the worker first).
 
-    vLLM's in-place reload (``model_runner.reload_weights``, vLLM >= 0.2x): each layer's tensors are
+    vLLM's in-place reload (``model_runner.reload_weights``, in vLLM 0.32): each layer's tensors are
     collected as they arrive, loaded by the model's own ``load_weights`` (Hugging Face names mapped
     to its fused/sharded parameters), processed into the kernel's format and copied into the
     storage the engine computes with, so a layer's transient is its own weights once more. A plain
