@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -30,6 +31,18 @@ class ConfigError(ValueError):
 def _choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not valid; choose one of {sorted(choices)}")
+
+
+def _finite_floats(obj, prefix: str = "") -> None:
+    """Refuse NaN and infinite floats anywhere in a (nested) config dataclass: every range check
+    compares, and a comparison with NaN is false, so ``trainer.lr=nan`` would pass them all and fail
+    later inside AdamW or the loss kernel."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _finite_floats(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{f.name}={value} must be a finite number")
 
 
 def _positive(name: str, value, allow_zero: bool = False) -> None:
@@ -414,6 +427,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
+        _finite_floats(self)
         idle = [r for r in self.opd_roles() if r not in workflow(self.rollout.workflow).roles]
         if idle:
             raise ConfigError(f"algo.roles.{idle[0]}.advantage=opd makes no sense for the {self.rollout.workflow} "
@@ -663,6 +677,8 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
     layers = []
     if yaml_file:
         p = Path(yaml_file)
+        if p.is_dir():
+            raise ConfigError(f"config file {yaml_file} is a directory; --file takes a YAML file")
         if not p.is_file():
             raise ConfigError(f"config file {yaml_file} does not exist")
         try:

@@ -8,6 +8,8 @@
 - ``mopd.core.workflows``: the workflow table (name, roles, step limit).
 - ``mopd.core.atomic``: atomic file writes; ``mopd.core.key_values``: KEY=VALUE settings.
 - ``mopd.core.errors`` / ``mopd.core.arguments``: the CLI's error type and override argument.
+- ``mopd.core.model_dir`` / ``mopd.core.out_path``: can a model directory be loaded, can an output
+  directory be written (checked before anything loads).
 
 It imports nothing of ours (``mopd.config`` reads its tables; ``tests/test_layering.py`` checks
 it), and this ``__init__`` imports nothing at all, so reading a record does not pull in torch.

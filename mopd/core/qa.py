@@ -53,8 +53,21 @@ def _example_from_flashrag(row, dataset: str, where: str) -> QAExample:
         answers = [answers]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
         raise DataError(f"{where}: field 'golden_answers' must be a non-empty list of strings")
+    _check_answers(answers, f"{where} (id {row['id']})", "golden_answers")
     ds = row.get("dataset") or row.get("data_source") or dataset
     return QAExample(id=str(row["id"]), dataset=str(ds), question=q.strip(), answers=list(answers))
+
+
+def _check_answers(answers: List[str], where: str, key: str) -> None:
+    """Every gold answer must keep some text after SQuAD normalisation: an empty one (``""``,
+    blanks, a lone article or punctuation) equals the normalised empty answer, and an answer of
+    just "the", so exact match would pay full reward for saying nothing."""
+    from mopd.core.scoring import normalize_answer
+
+    for i, a in enumerate(answers):
+        if not normalize_answer(a):
+            raise DataError(f"{where}: {key}[{i}] is {a!r}, empty after answer normalisation (lowercase, no "
+                            "punctuation or articles): it would score an empty answer as correct; fix or drop it")
 
 
 def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
@@ -153,6 +166,7 @@ def _example_from_searchr1(row: dict, index: int, where: str) -> QAExample:
     extra = row.get("extra_info") or {}
     qid = row.get("id") or (extra.get("index") if isinstance(extra, dict) else None)
     qid = f"{ds}_{qid if qid is not None else index}"
+    _check_answers(target, f"{where} (id {qid})", "reward_model.ground_truth.target")
     return QAExample(id=str(qid), dataset=ds, question=q.strip(), answers=target)
 
 

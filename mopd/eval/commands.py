@@ -81,8 +81,18 @@ def _run(args) -> int:
         questions = questions[:args.limit]
     if not questions:
         raise UserError(f"{args.manifest} has no questions")
+    from mopd.core.out_path import out_dir_problem
+
+    if out_dir_problem(args.out):
+        raise UserError(f"--out {args.out} {out_dir_problem(args.out)}")
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: no such model directory")
+    from mopd.core.model_dir import model_dir_problem
+
+    problem = model_dir_problem(args.model)
+    if problem:
+        raise UserError(f"--model {args.model}: {problem}" if problem.startswith("this is") else
+                        f"--model {args.model} {problem}")
     try:
         from mopd.rollout.async_scheduler import run_rollout as run_workflows
     except ImportError as e:

@@ -119,6 +119,10 @@ async def json_errors(request: web.Request, handler):
             msg += f" (allowed: {', '.join(sorted(getattr(e, 'allowed_methods', ()) or ()))})"
         headers = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
         return _error(e.status, msg, headers)
+    except ConnectionResetError as e:   # the client went away mid-request: nothing to answer, nothing broken
+        log.warning("client %s hung up during %s %s (%s)", request.remote, request.method, request.path,
+                    e.strerror or type(e).__name__)
+        return _error(400, "the client closed the connection")
     except Exception as e:  # the server stays up and says what failed
         log.exception("unexpected error in %s %s", request.method, request.path)
         return _error(500, f"internal error: {type(e).__name__}: {e}")

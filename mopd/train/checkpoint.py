@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,14 +85,19 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model, optimizer, tra
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
-    if _rank() == 0:
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "format": FORMAT, **trainer_state},
-                                                           indent=2))
-    _barrier()
-    write_manifest(tmp)
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
+        if _rank() == 0:
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "format": FORMAT, **trainer_state},
+                                                               indent=2))
+        _barrier()
+        write_manifest(tmp)
+    except BaseException:
+        if _rank() == 0:   # a partial save (a full disk, a kill) gives its space back; older steps are untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _barrier()
     if _rank() == 0:
         aside = root / f"step_{step:06d}.replaced"
@@ -149,20 +155,76 @@ def verify_on_all_ranks(path: Path) -> str | None:
     return reason
 
 
-def find_checkpoint(run_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest verified checkpoint of a run and the ``(path, reason)`` of each newer one skipped.
+def find_checkpoint(run_dir: str | os.PathLike, model=None) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest usable checkpoint of a run and the ``(path, reason)`` of each newer one skipped.
 
-    All ranks take part (each checksums its share of the files) and reach the same answer."""
+    Usable: it verifies against its manifest and, given the ``model`` it is to be loaded into, it
+    belongs to that model and to this run (:func:`checkpoint_mismatch`). All ranks take part (each
+    checksums its share of the files) and reach the same answer."""
     if _rank() == 0:
         recover_replaced(run_dir)
     _barrier()
     skipped = []
     for path in reversed(list_checkpoints(run_dir)):
         reason = verify_on_all_ranks(path)
+        if reason is None and model is not None:
+            reason = checkpoint_mismatch(path, model, run_dir)
         if reason is None:
             return path, skipped
         skipped.append((path, reason))
     return None, skipped
+
+
+def checkpoint_mismatch(path: Path, model, run_dir: str | os.PathLike | None = None) -> str | None:
+    """Why the (verified) checkpoint at ``path`` cannot be loaded into ``model`` of this run, if it
+    cannot: a parameter of another shape, a missing or extra one (a checkpoint of another model
+    size, copied in), or a base model whose fingerprint is not the run's (``run.json``).
+
+    Reads only the DCP metadata and trainer_state.json, before any tensor is loaded (DCP would
+    raise "Size mismatch" half way through the load)."""
+    try:
+        meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 (a damaged .metadata pickle: not this model's checkpoint)
+        return f"unreadable .metadata ({type(e).__name__})"
+    saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
+    mine = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}
+    for name, shape in mine.items():
+        if name not in saved:
+            return f"it has no parameter {name} (a checkpoint of another model)"
+        if saved[name] != shape:
+            return (f"{name} is {list(saved[name])} in the checkpoint but {list(shape)} in the model "
+                    "(a checkpoint of another model size)")
+    extra = sorted(set(saved) - set(mine))
+    if extra:
+        return f"it has parameters the model lacks ({extra[0]}, ...: a checkpoint of another model)"
+    return _base_model_mismatch(path, run_dir) if run_dir is not None else None
+
+
+def _base_model_mismatch(path: Path, run_dir) -> str | None:
+    """The checkpoint records the weights fingerprint of its run's base model; it must be one the
+    run has had (run.json's, or one an ``--allow-changed`` accepted)."""
+    try:
+        recorded = json.loads((path / "trainer_state.json").read_text()).get("base_model_weights")
+        run = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not recorded or not isinstance(run, dict) or not (run.get("model") or {}).get("weights"):
+        return None
+    known = {run["model"]["weights"]}
+    for change in run.get("changes") or []:
+        known.update((change.get("changed") or {}).get("model.weights") or ())
+    if recorded not in known:
+        return (f"it was trained from another base model (weights {recorded[:12]}, this run's "
+                f"{run['model']['weights'][:12]}): not a checkpoint of this run")
+    return None
+
+
+def run_base_model_weights(run_dir: str | os.PathLike) -> str | None:
+    """The base model's weights fingerprint that ``run.json`` records (saved into every checkpoint)."""
+    try:
+        return (json.loads((Path(run_dir) / "run.json").read_text()).get("model") or {}).get("weights")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = True) -> dict:
@@ -204,7 +266,7 @@ def load_latest(run_dir: str | os.PathLike, model, optimizer,
     Returns ``(None, None)`` when the run has no checkpoint at all, and raises
     :class:`CheckpointError` when it has some but none verifies (resuming from step 0 would then
     silently throw a run away)."""
-    path, skipped = find_checkpoint(run_dir)
+    path, skipped = find_checkpoint(run_dir, model)
     for p, why in skipped:
         on_skip(p, why)
     if path is None:
@@ -250,38 +312,48 @@ def mark_best(run_dir: str | os.PathLike, step: int, metric: str, value: float) 
     return f.parent / f"step_{int(step):06d}"
 
 
-def select_checkpoint(path: str | os.PathLike, which: str = "latest") -> tuple[Path, list[str]]:
-    """The checkpoint ``mopd export`` should read, and notes on what was skipped.
+def select_checkpoint(path: str | os.PathLike, which: str = "best", model=None) -> tuple[Path, list[str]]:
+    """The checkpoint ``mopd export`` should read, and notes on what was skipped or chosen instead.
 
     ``path``: a step directory (used as is, if it verifies) or a run directory, where ``which`` is
-    ``latest`` (the newest that verifies), ``best`` (the best-validation one) or a step number."""
+    ``best`` (the best-validation checkpoint, the paper's model selection; the latest when the run
+    never validated, as ``mopd train --export`` does), ``latest`` (the newest usable one) or a step
+    number. Given ``model``, a checkpoint must also fit it (:func:`checkpoint_mismatch`): a newer one
+    that does not is skipped for ``latest``, and refused when named."""
     path = Path(path)
+
+    def usable(found: Path, run_dir) -> str | None:
+        reason = verify_checkpoint(found)
+        return reason if reason is not None or model is None else checkpoint_mismatch(found, model, run_dir)
+
     if not (path / "checkpoints").is_dir():
-        if which != "latest":
+        if which not in ("latest", "best"):
             raise CheckpointError(f"--checkpoint {which} needs a run directory; {path} has no checkpoints/")
-        reason = verify_checkpoint(path)
+        run = path.parent.parent if path.parent.name == "checkpoints" else None
+        reason = usable(path, run)
         if reason is not None:
             raise CheckpointError(f"{path} cannot be used: {reason}")
         return path, []
-    if which == "latest":
-        found, skipped = find_checkpoint(path)
-        if found is None:
-            raise CheckpointError(f"{path} holds no checkpoint that verifies"
-                                  + "".join(f"; {p.name}: {why}" for p, why in skipped))
-        return found, [f"skipped {p.name}: {why}" for p, why in skipped]
+    notes = []
     if which == "best":
         found = best_checkpoint(path)
         if found is None:
-            raise CheckpointError(f"{path} has no best-validation checkpoint (checkpoints/{BEST_FILE}: the run "
-                                  "never validated, or ran without checkpoints)")
-    elif which.isdigit():
+            which = "latest"
+            notes.append(f"{path} has no best-validation checkpoint (the run never validated): exporting the latest")
+    if which == "latest":
+        found, skipped = find_checkpoint(path, model)
+        if found is None:
+            raise CheckpointError(f"{path} holds no checkpoint that can be used"
+                                  + "".join(f"; {p.name}: {why}" for p, why in skipped))
+        return found, notes + [f"skipped {p.name}: {why}; using {found.name}" for p, why in skipped]
+    if which.isdigit():
         found = path / "checkpoints" / f"step_{int(which):06d}"
-    else:
-        raise CheckpointError(f"--checkpoint {which!r}: expected latest, best or a step number")
-    reason = verify_checkpoint(found)
+    elif which != "best":
+        raise CheckpointError(f"--checkpoint {which!r}: expected best, latest or a step number")
+    reason = usable(found, path)
     if reason is not None:
         raise CheckpointError(f"{found} cannot be used: {reason}")
-    return found, []
+    return found, notes
 
 
 def full_model_state_dict(model) -> dict:
@@ -291,46 +363,102 @@ def full_model_state_dict(model) -> dict:
     return sd if _rank() == 0 else {}
 
 
-def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
-    """Write a Hugging Face model directory (safetensors, config, tokenizer), atomically."""
+def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict) -> Path:
+    """Write a Hugging Face model directory (safetensors, config, tokenizer) atomically, with the
+    export marker ``source`` (:func:`mopd.train.export_target.marker`).
+
+    The caller has checked the target (:func:`mopd.train.export_target.check_export_target`): new,
+    empty, or an earlier export of the same run. The model is written into a fresh hidden sibling
+    directory (its marker first), which then takes the target's place; an earlier export is moved
+    aside and deleted only once the new one is in place, so a kill leaves one complete copy."""
+    from mopd.train.export_target import EXPORT_MARKER
+
     out = Path(out_dir)
     sd = full_model_state_dict(model)
     if _rank() == 0:
-        tmp = out.with_name(out.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in out.parent.glob(f".{out.name}.export-*"):   # left by a killed export (marked as ours)
+            if (stale / EXPORT_MARKER).is_file():
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+        try:
+            (tmp / EXPORT_MARKER).write_text(json.dumps(source, indent=1), encoding="utf-8")
+            model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            aside = None
+            if out.exists():
+                aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-old-", dir=out.parent))
+                os.replace(out, aside / "old")
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     _barrier()
     return out
 
 
+def recorded_base_model(src: Path) -> str | None:
+    """The base model a run (or step directory) was trained from: run.json's ``model.path``, else
+    the newest readable checkpoint's trainer_state.json."""
+    from mopd.train.export_target import run_of
+
+    run = run_of(src)
+    try:
+        path = json.loads((run / "run.json").read_text())["config"]["model.path"]
+        if path:
+            return path
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
+    for step in steps:
+        try:
+            path = json.loads((step / "trainer_state.json").read_text()).get("model_path")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if path:
+            return path
+    return None
+
+
 def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                      base_model_path: str | None = None, which: str = "latest",
+                      base_model_path: str | None = None, which: str = "best",
                       log: Callable[[str], None] = lambda s: None) -> Path:
     """`mopd export`: load a DCP checkpoint's weights into the base architecture and save it for HF/vLLM.
 
-    ``ckpt_dir`` is a step directory or a run directory (``which``: latest, best or a step number,
-    see :func:`select_checkpoint`); the checkpoint must verify against its manifest. The
-    architecture and tokenizer come from ``base_model_path``, by default the ``model_path`` the
-    run recorded in the checkpoint's trainer_state.json.
+    ``ckpt_dir`` is a step directory or a run directory (``which``: best, latest or a step number,
+    see :func:`select_checkpoint`); the checkpoint must verify against its manifest and fit the
+    base model. The architecture and tokenizer come from ``base_model_path``, by default the
+    model the run recorded (:func:`recorded_base_model`). ``out_dir`` is checked first
+    (:func:`mopd.train.export_target.check_export_target`): nothing loads if it cannot be written.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ckpt, notes = select_checkpoint(ckpt_dir, which)
+    from mopd.core.model_dir import model_dir_problem
+    from mopd.train.export_target import ExportTargetError, check_export_target, marker, run_of
+
+    src = Path(ckpt_dir)
+    if not src.is_dir():
+        raise CheckpointError(f"{src} does not exist (expected a run directory or RUN/checkpoints/step_N)")
+    run = run_of(src)
+    try:
+        check_export_target(out_dir, run)
+    except ExportTargetError as e:
+        raise CheckpointError(str(e)) from None
+    base_model_path = base_model_path or recorded_base_model(src)
+    if not base_model_path:
+        raise CheckpointError(f"{src} does not record its base model; pass --base-model DIR")
+    if Path(base_model_path).is_dir() and model_dir_problem(base_model_path):
+        raise CheckpointError(f"base model {base_model_path} {model_dir_problem(base_model_path)}")
+    model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(base_model_path)
+    ckpt, notes = select_checkpoint(src, which, model=model)
     for n in notes:
         log(n)
     log(f"exporting {ckpt}")
-    base_model_path = base_model_path or json.loads((ckpt / "trainer_state.json").read_text()).get("model_path")
-    if not base_model_path:
-        raise CheckpointError(f"{ckpt} does not record its base model; pass --base-model DIR")
-    model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(base_model_path)
-    sd = get_model_state_dict(model)
-    state = {"model": sd}
+    state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(ckpt))
     model.load_state_dict(state["model"])
-    return export_hf(model, tok, out_dir)
+    step = _STEP_DIR.match(ckpt.name)
+    return export_hf(model, tok, out_dir, marker(run, str(ckpt.resolve()), int(step.group(1)) if step else None))

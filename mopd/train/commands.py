@@ -17,6 +17,9 @@ def register(sub) -> None:
                    help="continue from the newest checkpoint in trainer.out_dir that verifies (exactly: "
                         "weights, optimizer, scheduler, RNG, data position); the method, model, teacher, data and "
                         "config must be the run's own (see --allow-changed)")
+    p.add_argument("--resume-or-start", action="store_true",
+                   help="as --resume when trainer.out_dir holds a run, else start a fresh one there (plain "
+                        "--resume refuses a directory without a run: a mistyped path must not restart training)")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in a trainer.out_dir that holds a run, moving that run's files aside to "
                         "OUT_DIR.replaced-<time>/ (without it such a start is refused)")
@@ -28,7 +31,8 @@ def register(sub) -> None:
                    help="after training, also write a Hugging Face model here (e.g. the Stage-I teacher)")
     p.add_argument("--export-checkpoint", choices=["best", "last"], default="best",
                    help="what --export writes: the best-validation checkpoint (the paper's selection; the last "
-                        "weights when no validation ran) or the last weights (default best)")
+                        "weights when no validation ran) or the last weights (default best, as `mopd export`). "
+                        "DIR must be new, empty, or an earlier export of this run")
     p.add_argument("preset", help="method preset (cmas_rl, mopd, outcome_searcher, base_teacher, "
                                   "no_searcher_supervision, prompted_critic)")
     add_overrides_argument(p)
@@ -40,12 +44,16 @@ def register(sub) -> None:
                                    "in Hugging Face format, loadable by transformers and vLLM (and as a teacher). "
                                    "The checkpoint must verify against its manifest.")
     e.add_argument("checkpoint", help="checkpoint directory (RUN/checkpoints/step_N) or run directory")
-    e.add_argument("--checkpoint", dest="which", default="latest", metavar="WHICH",
-                   help="for a run directory: latest (the newest checkpoint that verifies; default), best (the "
-                        "best-validation checkpoint, kept beside the last K) or a step number")
-    e.add_argument("--out", required=True, help="output model directory")
+    e.add_argument("--checkpoint", dest="which", default="best", metavar="WHICH",
+                   help="for a run directory: best (the best-validation checkpoint, kept beside the last K: the "
+                        "paper's model selection, and what `mopd train --export` writes; the latest when the run "
+                        "never validated; default), latest (the newest checkpoint that verifies) or a step number")
+    e.add_argument("--out", required=True,
+                   help="output model directory: new, empty, or an earlier export of the same run (which it "
+                        "replaces); anything else is refused, never deleted")
     e.add_argument("--base-model", default=None,
-                   help="architecture/tokenizer source (default: the model.path recorded in the checkpoint)")
+                   help="architecture/tokenizer source (default: the run's model.path in run.json, else the one "
+                        "recorded in the checkpoint); a checkpoint that does not fit it is skipped or refused")
     e.set_defaults(func=_export)
     _register_plan(sub)
 
@@ -58,30 +66,41 @@ def _train(args) -> int:
     from mopd.config import resolve
     from mopd.core.errors import UserError
     from mopd.train.preflight import PreflightError, check_training_inputs
-    from mopd.train.run_dir import RunDirError, default_out_dir, discard_unstarted, prepare_run_dir
+    from mopd.train.run_start import RunCommandError, check_run_outputs, lock_run, prepare_run, resume_or_refuse
 
-    if args.allow_changed and not args.resume:
+    if args.allow_changed and not (args.resume or args.resume_or_start):
         raise UserError("--allow-changed only applies with --resume")
+    if args.resume and args.resume_or_start:
+        raise UserError("--resume and --resume-or-start: choose one")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    from mopd.train.run_dir import default_out_dir
+
     default_out_dir(cfg, args.preset)
+    lock = None
     try:
         check_training_inputs(cfg)
+        check_run_outputs(cfg, args.export)
         start = None
+        resume = args.resume or args.resume_or_start
         if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 owns the directory
-            start = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite,
-                                    allow_changed=args.allow_changed)
-    except (PreflightError, RunDirError) as e:
+            resume = resume_or_refuse(cfg, args.resume, args.resume_or_start)
+            lock = lock_run(cfg.trainer.out_dir, "mopd train" + (" --resume" if resume else ""))
+            start = prepare_run(cfg, resume, args.overwrite, args.allow_changed)
+    except (PreflightError, RunCommandError) as e:
         raise UserError(str(e)) from None
     from mopd.train.checkpoint import CheckpointError
     from mopd.train.model import ModelLoadError
+    from mopd.train.run_dir import discard_unstarted
     from mopd.train.trainer import PolicyTrainer, TrainingError
 
     try:
         try:
-            trainer = PolicyTrainer(cfg, resume=args.resume)
+            # Every rank looks for a checkpoint when asked to (a collective): with --resume-or-start
+            # in a new directory rank 0 has just started the run, and finds none, as the others do.
+            trainer = PolicyTrainer(cfg, resume=args.resume or args.resume_or_start)
         except BaseException:
-            if start is not None and not args.resume:   # nothing trained: the directory is free again
+            if start is not None and not resume:   # nothing trained: the directory is free again
                 discard_unstarted(Path(cfg.trainer.out_dir))
             raise
         for line in start.events if start is not None else ():
@@ -96,6 +115,9 @@ def _train(args) -> int:
         trainer.close()
     except (ModelLoadError, TrainingError, CheckpointError) as e:
         raise UserError(str(e)) from None
+    finally:
+        if lock is not None:
+            lock.release()
     if trainer.rank == 0:
         shown = {k: round(v, 4) for k, v in last.items() if k in ("rollout/em", "val/em", "loss/total")}
         print(f"done: step {trainer.step}, {shown}; run directory {cfg.trainer.out_dir}")
@@ -105,11 +127,25 @@ def _train(args) -> int:
 def _export(args) -> int:
     from mopd.core.errors import UserError
     from mopd.train.checkpoint import CheckpointError, export_checkpoint
+    from mopd.train.export_target import run_of
+    from mopd.train.run_lock import RunLock, RunLocked
 
+    run = run_of(args.checkpoint)
+    lock = None
+    if (run / "checkpoints").is_dir():   # retention of a training run must not delete what is being read
+        try:
+            lock = RunLock(run, "mopd export")
+        except RunLocked as e:
+            raise UserError(str(e)) from None
+        except OSError:                  # a read-only run (a published one): nothing writes it either
+            lock = None
     try:
         out = export_checkpoint(args.checkpoint, args.out, args.base_model, which=args.which, log=print)
     except CheckpointError as e:
         raise UserError(str(e)) from None
+    finally:
+        if lock is not None:
+            lock.release()
     print(f"exported {out}")
     return 0
 

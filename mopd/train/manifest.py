@@ -61,6 +61,19 @@ def write_manifest(ckpt_dir: str | os.PathLike) -> Path | None:
     return out
 
 
+def _malformed(files) -> str | None:
+    """Why a manifest's ``files`` is not ``{name: {"size": int, "sha256": str}}``, if it is not (a
+    hand-edited or damaged manifest must fail verification, never raise)."""
+    if not isinstance(files, dict):
+        return f"'files' is a {type(files).__name__}, not an object"
+    for name, want in files.items():
+        if not (isinstance(want, dict) and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)):
+            return f"the entry of {name} is not {{size, sha256}}"
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"{name} is outside the checkpoint"
+    return None
+
+
 def verify_checkpoint(ckpt_dir: str | os.PathLike, required=("trainer_state.json", ".metadata"),
                       share: tuple[int, int] = (0, 1)) -> str | None:
     """``None`` if the checkpoint is complete and intact, else the reason it is not (one line).
@@ -85,8 +98,11 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike, required=("trainer_state.json
         return "no manifest.json (the save did not finish)"
     try:
         files = json.loads(man.read_text())["files"]
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, TypeError, OSError) as e:   # TypeError: the JSON is a list or a number
         return f"unreadable manifest.json ({type(e).__name__})"
+    problem = _malformed(files)
+    if problem:
+        return f"malformed manifest.json ({problem})"
     for r in required:
         if r not in files:
             return f"the manifest does not list {r}"

@@ -23,8 +23,12 @@ def check_model_path(key: str, path: str) -> None:
     if p.exists():
         if not p.is_dir():
             raise PreflightError(f"{key}={path} is a file; it must be a model directory (config.json, weights)")
-        if not (p / "config.json").is_file():
-            raise PreflightError(f"{key}={path} is not a model directory (no config.json)")
+        from mopd.core.model_dir import model_dir_problem
+
+        problem = model_dir_problem(p)
+        if problem:
+            raise PreflightError(f"{key}={path}: {problem}" if problem.startswith("this is") else
+                                 f"{key}={path} {problem}")
         return
     parts = path.split("/")
     hub_like = len(parts) == 2 and all(parts) and not path.startswith((".", "~")) and not Path(parts[0]).is_dir()

@@ -14,11 +14,13 @@ trained tokens of the mini-batch (all-reduced), and gradients are summed over ra
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.algo.advantages import role_specs, step_advantages
 from mopd.config import Config, ConfigError, to_dict, to_yaml
@@ -153,11 +155,22 @@ class PolicyTrainer:
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
         return {"sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "bad_steps": self.bad_steps, "model_path": self.cfg.model.path, "method": self.cfg.method}
+                "bad_steps": self.bad_steps, "model_path": self.cfg.model.path, "method": self.cfg.method,
+                "base_model_weights": ckpt.run_base_model_weights(self.run_dir)}
 
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.trainer_state(),
-                                    keep=self.cfg.trainer.keep_checkpoints)
+        from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
+
+        previous = ckpt.list_checkpoints(self.run_dir)
+        try:
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.trainer_state(),
+                                        keep=self.cfg.trainer.keep_checkpoints)
+        except (OSError, RuntimeError, CheckpointException) as e:   # DCP wraps a rank's error in the last
+            need = _dir_bytes(previous[-1]) if previous else checkpoint_bytes(self.cfg.model.path)
+            if not is_out_of_space(e, self.run_dir, need):
+                raise
+            raise TrainingError(no_space_message(self.run_dir, need, previous[-1].name if previous else None)
+                                ) from None
         self._saved_step = self.step
         self.logger.event(self.step, "checkpoint", f"saved {path}")
         return path
@@ -179,12 +192,19 @@ class PolicyTrainer:
     def resume(self) -> Optional[Path]:
         from mopd.train.run_dir import truncate_metrics
 
+        passed = []
+
         def skipped(p, why):
+            passed.append(p)
             self.logger.event(0, "checkpoint_skipped", f"{p} does not verify ({why}); trying an older one")
+            self._say(f"checkpoint {p.name} skipped: {why}")
 
         path, state = ckpt.load_latest(self.run_dir, self.model, self.optimizer, on_skip=skipped)
+        if passed:
+            self._say(f"resuming from {path.name}, the newest checkpoint that verifies and fits this run")
         if path is None:
             self.logger.event(0, "resume", "no checkpoint found; starting from step 0")
+            self._say(f"{self.run_dir} has no checkpoint yet: training from step 0")
             if self.rank == 0:
                 truncate_metrics(self.run_dir / "metrics.jsonl", None)
             return None
@@ -418,12 +438,25 @@ class PolicyTrainer:
         ("last") or of the best-validation checkpoint ("best", the paper's model selection; the
         current weights when no validation marked one). "best" loads those weights into the model:
         call it when training is over."""
+        from mopd.train.export_target import ExportTargetError, check_export_target, marker
+
         if which not in ("last", "best"):
             raise ValueError(f"export {which!r}: choose last or best")
+        try:
+            check_export_target(out_dir, self.run_dir, flag="--export")
+        except ExportTargetError as e:
+            raise TrainingError(str(e)) from None
         best = ckpt.read_best(self.run_dir) if which == "best" else None
+        step, source = self.step, "the current weights"
         if best is not None and best["step"] != self.step:
+            step, source = int(best["step"]), str(ckpt.best_checkpoint(self.run_dir).resolve())
             ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), self.model)
-        return ckpt.export_hf(self.model, self.tokenizer, out_dir)
+        return ckpt.export_hf(self.model, self.tokenizer, out_dir, marker(self.run_dir, source, step))
+
+    def _say(self, line: str) -> None:
+        """One line on the terminal (stderr, rank 0), beside the event the logs keep."""
+        if self.rank == 0:
+            print(f"mopd: {line}", file=sys.stderr, flush=True)
 
     def close(self, *, failed: bool = False) -> None:
         """Close the logs and the engine and, when this trainer started the process group, leave
@@ -454,6 +487,10 @@ def _loss_head(cfg: Config):
     return FusedLinearPolicyLoss(PolicyLossSettings(
         role_specs=tuple(role_specs(cfg.algo)), clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high,
         dual_clip=cfg.algo.dual_clip, temperature=cfg.rollout.temperature))
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _retriever_errors():

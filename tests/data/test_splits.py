@@ -80,8 +80,8 @@ def test_parse_counts():
 
 def test_malformed_rows(tmp_path):
     p = tmp_path / "d.jsonl"
-    p.write_text('{"id": 1, "question": "ok?", "golden_answers": ["a"]}\n'
-                 '{"id": 2, "question": "", "golden_answers": ["a"]}\n'
+    p.write_text('{"id": 1, "question": "ok?", "golden_answers": ["b"]}\n'   # not "a": an article scores as ""
+                 '{"id": 2, "question": "", "golden_answers": ["b"]}\n'
                  'nonsense\n'
                  '{"id": 4, "question": "q?", "golden_answers": "single"}\n')
     with pytest.raises(DataError, match=r"d.jsonl:2: field 'question'"):

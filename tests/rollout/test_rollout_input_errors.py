@@ -9,7 +9,7 @@ from mopd.cli import main
                                            (["--limit", "-3"], "--limit -3: must be >= 1")])
 def test_limit_below_one(tmp_path, capsys, extra, message):
     data = tmp_path / "q.jsonl"
-    data.write_text('{"id": "q1", "question": "Q?", "golden_answers": ["a"]}\n')
+    data.write_text('{"id": "q1", "question": "Q?", "golden_answers": ["b"]}\n')
     rc = main(["rollout", "--model", str(tmp_path), "--data", str(data), "--out", str(tmp_path / "r.jsonl"), *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and "\n" not in err
@@ -17,7 +17,7 @@ def test_limit_below_one(tmp_path, capsys, extra, message):
 
 def test_out_is_an_existing_directory(tmp_path, capsys):
     data = tmp_path / "q.jsonl"
-    data.write_text('{"id": "q1", "question": "Q?", "golden_answers": ["a"]}\n')
+    data.write_text('{"id": "q1", "question": "Q?", "golden_answers": ["b"]}\n')
     out = tmp_path / "existing"
     out.mkdir()
     rc = main(["rollout", "--model", str(tmp_path), "--data", str(data), "--out", str(out)])

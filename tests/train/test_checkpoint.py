@@ -197,10 +197,15 @@ def test_export_refuses_a_damaged_or_unknown_choice(run, tmp_path, capsys):
     _flip(_distcp(_step(run_dir, 2)))
     assert main(["export", str(_step(run_dir, 2)), "--out", str(tmp_path / "a")]) == 2
     assert "sha256" in capsys.readouterr().err
-    assert main(["export", str(run_dir), "--checkpoint", "best", "--out", str(tmp_path / "b")]) == 2
-    assert "no best-validation checkpoint" in capsys.readouterr().err
+    # A run that never validated exports its latest checkpoint, as `mopd train --export` does, and says so.
+    assert main(["export", str(run_dir), "--checkpoint", "best", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "no best-validation checkpoint" in out and "exporting " + str(_step(run_dir, 3)) in out
+    ckpt.mark_best(run_dir, 2, "val/em", 0.5)     # a damaged best is refused, not swapped for another one
+    assert main(["export", str(run_dir), "--checkpoint", "best", "--out", str(tmp_path / "d")]) == 2
+    assert "sha256" in capsys.readouterr().err
     assert main(["export", str(run_dir), "--checkpoint", "newest", "--out", str(tmp_path / "c")]) == 2
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
 
 
 def test_checkpoint_written_before_manifests_still_loads(run, tiny_model_dir):

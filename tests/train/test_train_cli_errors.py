@@ -105,11 +105,16 @@ def test_missing_index_directory(tiny_model_dir, qa_file, tmp_path, capsys):
                                      f"retriever.index={tmp_path / 'noindex'}")), "is not a directory")
 
 
-def test_failed_fresh_start_leaves_the_directory_free(qa_file, tmp_path, capsys):
+def test_failed_fresh_start_leaves_the_directory_free(tiny_model_dir, qa_file, tmp_path, capsys):
+    import shutil
+
+    from mopd.train.run_lock import LOCK_FILE
+
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "qwen3"}')   # no weights: fails while loading
+    shutil.copy(f"{tiny_model_dir}/tokenizer.json", model)
     out = tmp_path / "r"
     for _ in range(2):                                              # the second start is not refused
         _one_line(*_train(capsys, *_args(model, qa_file, out)), "cannot load model")
-        assert not out.exists() or not any(out.iterdir())
+        assert not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())

@@ -1,0 +1,71 @@
+"""What `mopd train` checks and takes before the trainer loads: the outputs, the resume, the lock.
+
+Nothing is written into the run directory before these pass (after the inputs: model, data,
+retriever, ``mopd.train.preflight``): the directory and its ``checkpoints/`` must be writable,
+with room for one checkpoint, and ``--export`` may write its target; ``--resume`` needs a run
+there (``--resume-or-start`` starts one); then rank 0 takes the run's lock and records the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RunCommandError(ValueError):
+    """The run directory or an output path of `mopd train` cannot be used (one line)."""
+
+
+def check_run_outputs(cfg, export_dir: str | None = None) -> None:
+    """Before anything is written: trainer.out_dir is a writable directory (and its checkpoints/)
+    with room for a checkpoint, and --export may write its directory."""
+    from mopd.core.out_path import out_dir_problem
+    from mopd.train.disk_space import checkpoint_bytes, free_space_problem
+    from mopd.train.export_target import ExportTargetError, check_export_target
+
+    out = cfg.trainer.out_dir
+    problem = out_dir_problem(out, inner=("checkpoints",))
+    if problem:
+        raise RunCommandError(f"trainer.out_dir={out} {problem}")
+    problem = free_space_problem(out, checkpoint_bytes(cfg.model.path))   # every run saves its last step
+    if problem:
+        raise RunCommandError(f"trainer.out_dir={out} {problem}")
+    if export_dir:
+        try:
+            check_export_target(export_dir, out, flag="--export")
+        except ExportTargetError as e:
+            raise RunCommandError(str(e)) from None
+
+
+def resume_or_refuse(cfg, resume: bool, resume_or_start: bool) -> bool:
+    """Whether this start resumes: --resume needs a run in trainer.out_dir (a mistyped path must not
+    silently train from step 0); --resume-or-start resumes one if it is there."""
+    from mopd.train.run_dir import present_entries
+
+    if not (resume or resume_or_start):
+        return False
+    out = Path(cfg.trainer.out_dir)
+    if out.is_dir() and present_entries(out):
+        return True
+    if resume_or_start:
+        return False
+    raise RunCommandError(f"--resume: trainer.out_dir={cfg.trainer.out_dir} holds no run to resume (no run.json, "
+                          "checkpoints or metrics); check the path, or pass --resume-or-start to start a fresh "
+                          "run there")
+
+
+def lock_run(run_dir, purpose: str):
+    from mopd.train.run_lock import RunLock, RunLocked
+
+    try:
+        return RunLock(run_dir, purpose)
+    except RunLocked as e:
+        raise RunCommandError(str(e)) from None
+
+
+def prepare_run(cfg, resume: bool, overwrite: bool, allow_changed=()):
+    from mopd.train.run_dir import RunDirError, prepare_run_dir
+
+    try:
+        return prepare_run_dir(cfg, resume=resume, overwrite=overwrite, allow_changed=allow_changed)
+    except RunDirError as e:
+        raise RunCommandError(str(e)) from None
