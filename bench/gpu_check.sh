@@ -5,7 +5,10 @@
 # Liger; (2) one trainer step of a small Qwen3 model with the HF engine (bench/gpu_train_step.py);
 # (3) the GPU training path through FSDP2 at world size 1 (bench/gpu_fsdp_step.py: fp32 masters and
 # bf16 compute, the teacher, the colocation cycle with streamed weights, a checkpoint save/load, and
-# vLLM where it imports), tokens/s per phase. Sized for under 8 minutes (280 + 70 + 110 s caps; not
+# where vLLM imports: a vLLM rollout, one VLLMStepFront round trip, and one sleep / wake / load /
+# generate cycle whose greedy output is scored against the trainer's model), tokens/s per phase.
+# Install vLLM 0.32 (the gpu extra's version) on the GPU machine for (3) to drive it; the same
+# script runs on vLLM's CPU build with --dry-run in .venv-vllm. Sized for under 8 minutes (280 + 70 + 110 s caps; not
 # yet run on a GPU).
 #
 #   bash bench/gpu_check.sh              # on the GPU machine; prints PASS/FAIL lines

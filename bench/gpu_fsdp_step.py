@@ -4,10 +4,11 @@ Run by ``bench/gpu_check.sh`` (``--dry-run``: CPU, gloo, tiny sizes, for CI). Wi
 Qwen3-architecture model (hidden 1024, 8 layers by default) it runs the colocated cycle the
 trainer runs, each phase timed in tokens per second:
 
-  rollout (an engine-owned HF copy; also vLLM when it imports) -> release (sleep level 2) ->
+  rollout (an engine-owned HF copy) -> release (sleep level 2) ->
   pi_old scoring -> teacher scoring (bf16 replica, only the Searcher calls) -> two AdamW steps
   (fp32 masters, bf16 compute, fused loss head) -> refresh (weights streamed into the engine) ->
-  checkpoint save and load (mopd.train.checkpoint, DCP)
+  checkpoint save and load (mopd.train.checkpoint, DCP) -> where vLLM imports: vLLM rollout, one
+  VLLMStepFront round trip, sleep / wake / load / generate compared with the trainer's model
 
 and checks what each phase promises: finite losses, weights that moved, the engine holding the
 policy's weights after the refresh, the level-2 sleep freeing memory, partial teacher scoring
@@ -90,6 +91,62 @@ class Clock:
                 clock.times[name] = clock.times.get(name, 0.0) + time.perf_counter() - self.t
 
         return _Span()
+
+
+def vllm_cycle(model_dir, prompts, hf_engine, lm, cuda, clock, res, checks) -> None:
+    """The vLLM engine as the trainer drives it: a rollout, one round trip through the continuous-
+    batching front the async scheduler uses (``VLLMStepFront``), then sleep (level 2) / wake the
+    weights / stream them in / wake the KV cache / generate, and the woken engine's greedy tokens
+    scored by the trainer's weights (``hf_engine`` holds them since its own refresh): their
+    log-probs must be the engine's, which weights left undefined by the sleep would not give.
+    Also runs on vLLM's CPU build (``--dry-run`` in .venv-vllm), where sleep keeps the weights."""
+    import torch
+
+    from mopd.core.generation import GenerationRequest, SamplingParams
+    from mopd.rollout.vllm_async_engine import VLLMStepFront
+    from mopd.rollout.vllm_engine import VLLMEngine
+    from mopd.train.weight_sync import refresh_engine, release_engine
+
+    with clock("vllm_start"):
+        vllm_engine = VLLMEngine(model_dir, gpu_memory_utilization=0.3, max_model_len=2048)
+    refresh_engine(vllm_engine, lm, vllm_engine.weight_dtype)          # the trainer's weights, as after a step
+    with clock("vllm_rollout"):
+        vouts = vllm_engine.generate(prompts)
+    res["vllm_rollout_tokens"] = sum(len(c.token_ids) for o in vouts for c in o)
+
+    greedy = [GenerationRequest(p.prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in prompts[:8]]
+    front = VLLMStepFront(vllm_engine)
+    try:
+        with clock("vllm_front"):
+            futures = [front.submit(r) for r in greedy]
+            fouts = [f.result(timeout=60) for f in futures]
+    finally:
+        front.close()
+    direct = vllm_engine.generate(greedy)
+    checks["vLLM step front: every request resolves, as generate's greedy output"] = \
+        [[c.token_ids for c in o] for o in fouts] == [[c.token_ids for c in o] for o in direct]
+
+    free_before = torch.cuda.mem_get_info()[0] if cuda else 0
+    with clock("vllm_cycle"):
+        release_engine(vllm_engine, lm)
+        if cuda:
+            res["vllm_sleep_freed_gib"] = round((torch.cuda.mem_get_info()[0] - free_before) / 2 ** 30, 3)
+        refresh_engine(vllm_engine, lm, vllm_engine.weight_dtype)
+    if cuda:
+        checks["vLLM level-2 sleep frees device memory"] = res["vllm_sleep_freed_gib"] > 0
+    woken = [o[0] for o in vllm_engine.generate(greedy)]
+    model = hf_engine.model
+    worst = 0.0
+    with torch.no_grad():
+        for req, c in zip(greedy, woken):
+            ids = torch.tensor([list(req.prompt_ids) + list(c.token_ids)], device=next(model.parameters()).device)
+            logits = model(ids).logits[0, len(req.prompt_ids) - 1:-1].float()
+            ref = torch.log_softmax(logits, -1).gather(1, ids[0, len(req.prompt_ids):, None])[:, 0]
+            worst = max(worst, float((ref.cpu() - torch.tensor(c.logprobs)).abs().max()))
+    res["vllm_woken_vs_trainer_max_logprob_diff"] = round(worst, 5)
+    tol = 5e-2 if cuda else 1e-3                                          # bf16 kernels on a GPU
+    checks["woken vLLM's greedy tokens score as the trainer's model scores them"] = worst < tol
+    vllm_engine.close()
 
 
 def main(argv=None) -> int:
@@ -217,19 +274,8 @@ def main(argv=None) -> int:
     checks["checkpoint round trip exact"] = all(torch.equal(saved[n], x.detach().full_tensor())
                                                 for n, x in lm.named_parameters())
 
-    if importlib.util.find_spec("vllm") is not None and cuda:
-        from mopd.rollout.vllm_engine import VLLMEngine
-
-        with clock("vllm_start"):
-            vllm_engine = VLLMEngine(model_dir, gpu_memory_utilization=0.3, max_model_len=2048)
-        with clock("vllm_rollout"):
-            vouts = vllm_engine.generate(prompts)
-        res["vllm_rollout_tokens"] = sum(len(c.token_ids) for o in vouts for c in o)
-        with clock("vllm_cycle"):
-            release_engine(vllm_engine, lm)
-            refresh_engine(vllm_engine, lm)
-        checks["vLLM generates after sleep/stream/wake"] = all(
-            len(c.token_ids) > 0 for o in vllm_engine.generate(prompts[:2]) for c in o)
+    if importlib.util.find_spec("vllm") is not None:
+        vllm_cycle(model_dir, prompts, engine, lm, cuda, clock, res, checks)
     else:
         res["vllm"] = "not importable: skipped"
 
@@ -253,7 +299,8 @@ def main(argv=None) -> int:
         print(f"{'PASS' if ok else 'FAIL'} fsdp_step: {k}")
     import torch.distributed as dist
 
-    dist.destroy_process_group()
+    if dist.is_initialized():          # vLLM's engine shutdown destroys the group it ran on
+        dist.destroy_process_group()
     return 0 if all(checks.values()) else 1
 
 

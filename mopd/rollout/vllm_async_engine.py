@@ -39,6 +39,40 @@ from mopd.rollout.vllm_outputs import completion_from_output
 from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 
+def output_request_id(added_id: str) -> str:
+    """The id that the engine's outputs (and ``abort_request``) carry for a request ``LLM.enqueue``
+    added under ``added_id``.
+
+    ``LLM`` names its requests by a counter (``"0"``, ``"1"``, ...), but ``enqueue`` returns the
+    engine's internal id: vLLM 0.32's ``InputProcessor.assign_request_id`` appends ``-`` and 8
+    random characters to keep ids unique, while the outputs keep the counter's id. A front that
+    waited for the internal id would never see its request finish. The counter's id has no ``-``,
+    so it is everything before the first one (an id without one is already it).
+    """
+    return added_id.split("-", 1)[0]
+
+
+def cpu_threads_keeper():
+    """A function that gives the calling thread the intra-op thread count of this one.
+
+    vLLM's CPU attention sizes its scheduling metadata by OpenMP's thread count in the thread that
+    steps the engine, and checks it inside the kernel against torch's count. A new thread starts at
+    OpenMP's default (the machine's cores) while torch reports the process-wide count, so a front
+    stepping the engine from its own thread failed with "Check failed:
+    input->metadata->thread_num == thread_num (2 vs. 1)" wherever the caller had set its own
+    count (the trainer does: trainer.cpu_threads). vLLM's CPU worker replaces
+    ``torch.set_num_threads`` with a no-op once it has bound its threads, hence ``torch._C``'s
+    setter. Harmless for a GPU engine.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    setter = getattr(torch._C, "set_num_threads", None)   # torch.set_num_threads before vLLM replaced it
+    if setter is None:
+        return lambda: None
+    return lambda: setter(threads)
+
+
 class VLLMStepFront(WorkQueue):
     def __init__(self, engine, *, name: str = "mopd-vllm"):
         self.engine = engine
@@ -48,7 +82,8 @@ class VLLMStepFront(WorkQueue):
         self._ids = itertools.count()
         self._running: Dict[str, Tuple[Future, float, int]] = {}
         WorkQueue.__init__(self, "request")
-        self._on_worker = cuda_device_keeper()
+        on_device, on_threads = cuda_device_keeper(), cpu_threads_keeper()
+        self._on_worker = lambda: (on_device(), on_threads())
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -56,7 +91,7 @@ class VLLMStepFront(WorkQueue):
         params = self.engine._params(request.params)
         prompt = {"prompt_token_ids": list(request.prompt_ids)}
         if hasattr(self.llm, "enqueue"):
-            return self.llm.enqueue([prompt], [params], use_tqdm=False)[0]
+            return output_request_id(self.llm.enqueue([prompt], [params], use_tqdm=False)[0])
         from vllm.sampling_params import RequestOutputKind
 
         params.output_kind = RequestOutputKind.FINAL_ONLY

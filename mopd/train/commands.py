@@ -161,6 +161,9 @@ def _register_plan(sub) -> None:
     p.add_argument("--gpus", type=int, default=None, help="GPUs (FSDP world size; default $WORLD_SIZE, else 8)")
     p.add_argument("--gpu-gib", type=float, default=None,
                    help="memory of one GPU in GiB (default: this machine's GPU, else an H200's 139)")
+    p.add_argument("--retriever-gib", type=float, default=0.0,
+                   help="GiB that a retriever served on the same GPUs holds on each for the whole run "
+                        "(`mopd retriever serve --faiss-gpu`: index shard + faiss scratch; default 0)")
     p.add_argument("preset", help="method preset, as for `mopd train`")
     add_overrides_argument(p)
     p.set_defaults(func=_plan)
@@ -182,7 +185,8 @@ def _plan(args) -> int:
 
         gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2 ** 30 if torch.cuda.is_available() else H200_GIB
     try:
-        plan = plan_memory(cfg, gpu_gib=gpu_gib, world=args.gpus or int(os.environ.get("WORLD_SIZE", "8")))
+        plan = plan_memory(cfg, gpu_gib=gpu_gib, world=args.gpus or int(os.environ.get("WORLD_SIZE", "8")),
+                           retriever_gib=args.retriever_gib)
     except PlanError as e:
         raise UserError(str(e)) from None
     print(plan.render())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -80,17 +81,26 @@ def all_reduce(x: torch.Tensor, op=None) -> torch.Tensor:
     return x
 
 
-def leave_process_group(*, wait_for_peers: bool = True) -> None:
+def leave_process_group(*, wait_for_peers: bool = True, before_destroy: Optional[Callable[[], None]] = None) -> None:
     """Destroy the default group, after a barrier when ``wait_for_peers`` (a clean end, reached by
-    every rank; a rank that failed must not wait for peers that may never arrive)."""
+    every rank; a rank that failed must not wait for peers that may never arrive).
+
+    ``before_destroy`` runs after the barrier, while the group is still alive: the teardown of
+    what was built on it (vLLM's engine destroys its own groups, which need the default one, and
+    then the default group itself, which is why it may be gone afterwards)."""
     global _workers_may_outlive_group
     if not dist.is_initialized():
+        if before_destroy is not None:
+            before_destroy()
         return
     if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
         _workers_may_outlive_group = True
     if wait_for_peers:
         dist.barrier()
-    dist.destroy_process_group()
+    if before_destroy is not None:
+        before_destroy()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def end_process(code: int) -> None:

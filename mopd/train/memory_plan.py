@@ -177,15 +177,21 @@ def _frozen_models(cfg) -> list[str]:
 
 
 def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config: dict | None = None,
-                frozen_configs: list[dict] | None = None) -> MemoryPlan:
+                frozen_configs: list[dict] | None = None, retriever_gib: float = 0.0) -> MemoryPlan:
     """The per-GPU plan of ``cfg`` on ``world`` GPUs of ``gpu_gib`` each (see the module docstring).
+
+    ``retriever_gib``: what a retriever served on the same GPUs holds on each for the whole run
+    (``mopd retriever serve --faiss-gpu``: its index shard and faiss's scratch). It is resident in
+    both phases, and vLLM counts it as taken when it starts and when it wakes its KV cache after
+    the updates (vLLM checks free memory then, not later), so it must fit beside vLLM's share.
 
     ``model_config``/``frozen_configs`` default to the config.json files the run would load; a
     frozen model without a path of its own (a preset before ``teacher.path`` is set) is assumed to
     have the policy's shape, as a Stage-I export has.
     """
-    if world < 1 or gpu_gib <= 0:
-        raise PlanError(f"world={world} and gpu_gib={gpu_gib} must be positive")
+    if world < 1 or gpu_gib <= 0 or retriever_gib < 0:
+        raise PlanError(f"world={world} and gpu_gib={gpu_gib} must be positive, retriever_gib={retriever_gib} "
+                        "not negative")
     shape = ModelShape.from_config(model_config or load_model_config(cfg.model.path))
     if frozen_configs is None:
         frozen_configs = [load_model_config(p) if p != cfg.model.path else None for p in _frozen_models(cfg)]
@@ -200,6 +206,8 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     master = Item("fp32 master weights (shard)", 4 * P / W / GIB, f"4 B x {P / 1e9:.2f}B / {W}")
     adam = Item("AdamW moments, fp32 (shard)", 8 * P / W / GIB, "2 x 4 B per parameter / world")
     context = Item("CUDA context, NCCL, fragmentation", CUDA_CONTEXT_GIB, "allowance")
+    served = [Item("GPU retriever (index + faiss scratch)", retriever_gib, "another process, whole run")] \
+        if retriever_gib else []
     frozen_bf16 = sum(2 * f.params for f in frozen)
     teacher_items = []
     if frozen:
@@ -218,7 +226,7 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     tp = max(1, cfg.rollout.tensor_parallel_size)
 
     def phases(teacher: Item | None):
-        resident = [master, adam] + ([teacher] if teacher else []) + [context]
+        resident = [master, adam] + ([teacher] if teacher else []) + [context] + served
         gathered = 2 * shape.embed_params + 2 * 2 * shape.layer_params        # root + two layers, bf16
         backward = 2 * (2 + 4) * shape.layer_params                           # bf16 grads + fp32 reduce, two layers
         act_saved = shape.layers * tokens * shape.hidden * 2 if ckpt else \

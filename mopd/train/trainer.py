@@ -459,15 +459,25 @@ class PolicyTrainer:
             print(f"mopd: {line}", file=sys.stderr, flush=True)
 
     def close(self, *, failed: bool = False) -> None:
-        """Close the logs and, when this trainer started the process group, leave it: after a
-        barrier on a clean close (``failed=False``, on every rank), without one after a failure
-        (a failed rank must not wait for peers that may never come). A process that ran a
+        """Close the logs and the engine and, when this trainer started the process group, leave
+        it, the engine closed first: after a barrier on a clean close (``failed=False``, on every
+        rank), without one after a failure (a failed rank must not wait for peers that may never
+        come). A process that ran a
         multi-rank CPU group should then end through ``distributed.end_process``
         (``mopd train`` does): see that module for the exit race it avoids."""
         self.logger.close()
+        # The engine goes first, while the group lives: vLLM (under torchrun, on the trainer's group)
+        # destroys the groups it built on the default one, which fails once that is gone.
         if self._owns_process_group and dist.is_initialized():
-            leave_process_group(wait_for_peers=not failed)
+            leave_process_group(wait_for_peers=not failed, before_destroy=self._close_engine)
             self._owns_process_group = False
+        else:
+            self._close_engine()
+
+    def _close_engine(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
 
 def _loss_head(cfg: Config):

@@ -1,7 +1,8 @@
 """VLLMEngine's placement, seeds, sleep/wake and weight streaming, against a fake ``vllm`` module.
 
-vLLM cannot run on the CPU dev box; the fake records what vLLM would be asked. The last test
-checks the same keyword arguments against vLLM's real signatures where vLLM is importable.
+The fake records what vLLM would be asked, including what only a GPU platform does (sleep mode);
+tests/vllm runs the real engine (CPU build, `make test-vllm`). The last test checks the same
+keyword arguments against vLLM's real signatures where vLLM is importable.
 """
 
 import dataclasses
@@ -45,6 +46,19 @@ def test_every_torchrun_rank_gets_the_external_launcher_its_seed_and_the_length_
         assert kw["max_model_len"] == 8704 and kw["gpu_memory_utilization"] == 0.85
         seeds.add(kw["seed"])
     assert len(seeds) == world                  # ranks sample their own questions with their own seeds
+
+
+def test_a_cpu_platform_gets_float32_a_fixed_kv_cache_unchunked_prefill_and_no_sleep_mode():
+    cpu = vllm_engine.Platform(cpu=True, sleep_mode=False)
+    kw = engine_kwargs("/m", **BASE, env={}, platform=cpu)
+    assert "enable_sleep_mode" not in kw                     # vLLM refuses it where there is none
+    assert kw["dtype"] == "float32"                          # model.dtype=auto on a CPU
+    assert kw["kv_cache_memory_bytes"] == vllm_engine.CPU_KV_CACHE_BYTES
+    assert kw["enable_chunked_prefill"] is False and kw["enforce_eager"] is True
+    assert engine_kwargs("/m", **{**BASE, "dtype": "bfloat16"}, env={}, platform=cpu)["dtype"] == "bfloat16"
+    gpu = engine_kwargs("/m", **BASE, env={})
+    assert gpu["enable_sleep_mode"] and gpu["dtype"] == "auto"
+    assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager"} & set(gpu)
 
 
 def test_tensor_parallel_under_torchrun_is_refused_with_the_reason():
@@ -112,6 +126,7 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setitem(sys.modules, "vllm.config", config)
     monkeypatch.setattr(vllm_engine, "import_vllm", lambda: module)
+    monkeypatch.setattr(vllm_engine, "current_platform", lambda: vllm_engine.GPU)   # what the fake stands for
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     FakeLLM.instances.clear()
     return module
@@ -198,8 +213,9 @@ def test_keyword_arguments_match_vllms_real_signatures():
 
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     for env in ({}, torchrun_env(5, 8)):
-        kw = engine_kwargs("/m", **BASE, env=env)
-        assert set(kw) <= fields, set(kw) - fields
+        for platform in (vllm_engine.GPU, vllm_engine.Platform(cpu=True, sleep_mode=False)):
+            kw = engine_kwargs("/m", **BASE, env=env, platform=platform)
+            assert set(kw) <= fields, set(kw) - fields
     assert "level" in inspect.signature(vllm.LLM.sleep).parameters
     assert "tags" in inspect.signature(vllm.LLM.wake_up).parameters
     assert "args" in inspect.signature(vllm.LLM.collective_rpc).parameters

@@ -1,4 +1,4 @@
-"""VLLMEngine's engine-independent parts (vLLM itself cannot run on the CPU dev box)."""
+"""VLLMEngine's engine-independent parts, in the default environment (no vLLM); tests/vllm runs the real engine."""
 
 import importlib.util
 from types import SimpleNamespace

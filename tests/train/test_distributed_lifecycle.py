@@ -75,3 +75,19 @@ def test_a_one_rank_gloo_group_is_left_and_the_process_ends_normally(tmp_path):
     assert not dist.is_initialized() and not distributed._workers_may_outlive_group
     with pytest.raises(SystemExit):
         distributed.end_process(0)
+
+
+@pytest.mark.parametrize("engine_destroys_the_group", [False, True])
+def test_leaving_runs_the_engine_teardown_while_the_group_is_alive(tmp_path, engine_destroys_the_group):
+    """vLLM's teardown destroys its own groups (built on the default one), then the default group."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    seen = []
+
+    def teardown():
+        seen.append(dist.is_initialized())
+        if engine_destroys_the_group:
+            dist.destroy_process_group()
+
+    distributed.leave_process_group(before_destroy=teardown)
+    assert seen == [True] and not dist.is_initialized()

@@ -106,3 +106,19 @@ def test_frozen_models_are_replicated_when_they_fit_and_sharded_otherwise():
                                world=8, gpu_gib=40)
     assert not shard_frozen_models(cfg, world=1, gpu_gib=40)
     assert shard_frozen_models(resolve("mopd", ["model.path=/nowhere/model"]), world=8, gpu_gib=139)
+
+
+def test_a_retriever_served_on_the_same_gpus_is_planned_in_both_phases():
+    """The README serves faiss-gpu beside the trainer: its memory is resident in both phases, so with
+    it the teacher no longer fits replicated beside vLLM's share, and a large one does not fit at all."""
+    cfg = resolve("mopd", [f"model.path={QWEN}"])
+    bare = plan_memory(cfg, gpu_gib=H200_GIB, world=8)
+    served = plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=6.0)
+    for phase in (served.training, served.rollout):
+        assert {i.name: i.gib for i in phase}["GPU retriever (index + faiss scratch)"] == 6.0
+    assert bare.teacher_placement.startswith("replicated") and served.teacher_placement == "FSDP2-sharded"
+    assert served.fits and served.rollout_gib <= H200_GIB
+    too_big = plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=20.0)
+    assert not too_big.fits and "vLLM would refuse to start" in " ".join(too_big.problems)
+    with pytest.raises(PlanError):
+        plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=-1.0)

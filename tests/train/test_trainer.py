@@ -204,3 +204,23 @@ def test_rollout_old_logprobs_refuse_mismatched_engines(bad, tiny_model_dir, qa_
     with pytest.raises(ConfigError, match="old_logprobs=rollout"):
         resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, tmp_path, **{"trainer.old_logprobs": "rollout"},
                                           **bad))
+
+
+def test_close_shuts_the_engine_down_before_the_process_group(tiny_model_dir, qa_file, tmp_path):
+    """Under torchrun vLLM's engine lives on the trainer's group and must be shut down while it lives."""
+    import torch.distributed as dist
+
+    t = make_trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run")
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    t._owns_process_group = True                       # as init_distributed() under torchrun
+
+    class Engine:
+        group_alive_at_close = []
+
+        def close(self):
+            self.group_alive_at_close.append(dist.is_initialized())
+
+    t.engine = Engine()
+    t.close()
+    assert Engine.group_alive_at_close == [True] and not dist.is_initialized()

@@ -145,3 +145,33 @@ def test_hf_engine_level2_sleep_frees_and_the_cycle_restores_identical_sampling(
     assert [[c.token_ids for c in r] for r in before] == [[c.token_ids for c in r] for r in after]
     emb = engine.model.get_input_embeddings().weight
     assert engine.model.get_output_embeddings().weight is emb or not engine.model.config.tie_word_embeddings
+
+
+def test_a_sharded_parameter_is_cast_before_it_is_gathered(tmp_path, monkeypatch):
+    """The all-gather moves (and the stream holds) the engine dtype, never the fp32 master."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    if dist.is_initialized():
+        pytest.skip("needs a process group of its own")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = nn.Linear(6, 10)
+        for name, p in list(model.named_parameters()):
+            setattr(model, name, nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)])))
+        gathered = []
+        full = DTensor.full_tensor
+
+        def recording(self, *a, **k):
+            gathered.append(self.dtype)
+            return full(self, *a, **k)
+
+        monkeypatch.setattr(DTensor, "full_tensor", recording)
+        got = dict(stream_parameters(model, torch.bfloat16))
+        assert gathered == [torch.bfloat16, torch.bfloat16]
+        assert got["weight"].dtype == torch.bfloat16 and not isinstance(got["weight"], DTensor)
+        assert torch.equal(got["weight"], model.weight.detach().full_tensor().to(torch.bfloat16))
+    finally:
+        dist.destroy_process_group()
