@@ -79,7 +79,7 @@ def test_a_run_directory_as_model_says_to_export_it(tiny_model_dir, qa_file, tmp
 
 def test_eval_out_that_is_a_file_is_refused_before_the_model_loads(tiny_model_dir, qa_file, tmp_path, capsys,
                                                                    monkeypatch):
-    import mopd.rollout.engine as engine
+    import mopd.rollout.engines as engine
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before --out was checked")
