@@ -101,8 +101,8 @@ class ChunkSoftmax(NamedTuple):
     safe: torch.Tensor    # [C, 1] int64 target index (0 where not valid)
 
 
-VOCAB_TILE = 2048
-"""Columns of the row pass's ``exp`` tiles: the only work buffers besides the chunk's fp32 logits."""
+EXP_TILE_ROWS = 64
+"""Rows of the row pass's ``exp`` tiles: the only work buffer besides the chunk's fp32 logits."""
 
 
 class TorchRowPass:
@@ -110,7 +110,7 @@ class TorchRowPass:
 
     Memory: the chunk's logits in fp32 are the one ``[C, V]`` array (the chunk itself for fp32
     inputs, one fp32 copy for 16-bit inputs); ``exp(s - m)`` is never held for the whole chunk but
-    made ``VOCAB_TILE`` columns at a time (two ``[C, VOCAB_TILE]`` buffers) wherever it is needed
+    made ``EXP_TILE_ROWS`` rows at a time (one ``[EXP_TILE_ROWS, V]`` buffer) wherever it is needed
     beside ``s - m`` -- for ``sum e (s - m)`` (the entropy) and for the entropy term of the
     gradient -- and made in place where it replaces it (the gradient without an entropy term).
     That costs a second ``exp`` over the chunk when a gradient is written, and halves the chunk's
@@ -125,8 +125,8 @@ class TorchRowPass:
 
     @staticmethod
     def bytes_per_logit(dtype: torch.dtype) -> int:
-        # the logits chunk in the input dtype, plus its fp32 copy for 16-bit inputs (the exp tiles
-        # are [C, VOCAB_TILE], not per logit)
+        # the logits chunk in the input dtype, plus its fp32 copy for 16-bit inputs (the exp tile
+        # is EXP_TILE_ROWS rows, whatever the chunk's size)
         size = torch.empty((), dtype=dtype).element_size()
         return 4 if dtype == torch.float32 else size + 4
 
@@ -138,14 +138,13 @@ class TorchRowPass:
         return buf[:rows, :cols]
 
     def _tiles(self, L: torch.Tensor):
-        """``(L[:, a:b], exp(L[:, a:b]), work)`` for each column tile of ``L`` (tile buffers reused)."""
+        """``(rows, L[rows], exp(L[rows]))`` for each tile of ``EXP_TILE_ROWS`` rows of ``L``
+        (contiguous row blocks; the exp buffer is reused)."""
         c, V = L.shape
-        width = min(V, VOCAB_TILE)
-        for a in range(0, V, width):
-            Lt = L[:, a:a + width]
-            w = Lt.shape[1]
-            Et = torch.exp(Lt, out=self._buf("E", c, width, L.device)[:, :w])
-            yield Lt, Et, self._buf("P", c, width, L.device)[:, :w]
+        for a in range(0, c, EXP_TILE_ROWS):
+            Lt = L[a:a + EXP_TILE_ROWS]
+            Et = torch.exp(Lt, out=self._buf("E", min(c, EXP_TILE_ROWS), V, L.device)[: Lt.shape[0]])
+            yield slice(a, a + Lt.shape[0]), Lt, Et
 
     def _shifted(self, z: torch.Tensor, inv_t: float) -> torch.Tensor:
         """``s = z * inv_t`` in fp32 (in place on ``z`` when it is fp32)."""
@@ -158,11 +157,11 @@ class TorchRowPass:
         L = self._shifted(z, inv_t)
         m = L.amax(dim=1)
         L.sub_(m.unsqueeze(1))  # L = s - m
-        d = torch.zeros_like(m)
-        s = torch.zeros_like(m)  # sum e (s - m)
-        for Lt, Et, Pt in self._tiles(L):
-            d += Et.sum(dim=1)
-            s += torch.mul(Et, Lt, out=Pt).sum(dim=1)
+        d = torch.empty_like(m)
+        s = torch.empty_like(m)  # sum e (s - m)
+        for rows, Lt, Et in self._tiles(L):
+            d[rows] = Et.sum(dim=1)
+            s[rows] = torch.bmm(Et.unsqueeze(1), Lt.unsqueeze(2)).view(-1)  # no [rows, V] temporary
         log_d = torch.log(d)
         entropy = log_d - s / d
         V = z.shape[1]
@@ -189,8 +188,8 @@ class TorchRowPass:
         """``exp(L) * (a + b L)`` per row, in place on ``L`` (``b`` None: ``exp(L) * a``)."""
         if b is None:
             return L.exp_().mul_(a.unsqueeze(1))
-        for Lt, Et, _ in self._tiles(L):
-            Lt.mul_(b.unsqueeze(1)).add_(a.unsqueeze(1)).mul_(Et)
+        for rows, Lt, Et in self._tiles(L):
+            Lt.mul_(b[rows].unsqueeze(1)).add_(a[rows].unsqueeze(1)).mul_(Et)
         return L
 
     def policy_loss(self, z, targets, inputs: LossInputs, settings: PolicyLossSettings, out_logp, out_entropy,
