@@ -7,7 +7,8 @@ each benchmark's extra_info) go by hand into the ## Retriever section of bench/R
 
 Client mixes (``.venv/bin/python bench/bench_retriever.py [--rounds N]``): three servers in this
 process -- the default one (slicing only when a small request waits next to a big one, adaptive
-window), the same server unsliced (``slice_work`` and ``max_batch_work`` unbounded) and no batching
+window), the same server unsliced (``slice_work``, ``max_batch_work``, ``max_whole_work``
+unbounded) and no batching
 -- and, round by round with the order rotating, each mix against each: 1, 32 and 128 clients of
 one-query requests, 1 and 4 clients of 64-query requests, every client sending back to back.
 Targets (issue 28): default >= 0.95x unsliced for every mix, >= 1x no batching for one client. The
@@ -67,7 +68,7 @@ RESULTS = {}
 # (clients, queries per request, requests per client)
 MIXES = {"1 x 1-query": (1, 1, 20), "32 x 1-query": (32, 1, 3), "128 x 1-query": (128, 1, 2),
          "1 x 64-query": (1, 64, 2), "4 x 64-query": (4, 64, 1)}
-SERVERS = {"default": {}, "unsliced": dict(slice_work=10 ** 9, max_batch_work=10 ** 9),
+SERVERS = {"default": {}, "unsliced": dict(slice_work=10 ** 9, max_batch_work=10 ** 9, max_whole_work=10 ** 9),
            "no batching": dict(batching=False)}
 
 
@@ -90,25 +91,27 @@ async def _mix(url: str, questions, clients: int, per_request: int, requests: in
         return clients * requests * per_request / (time.perf_counter() - t)
 
 
-def run_mixes(rounds: int) -> dict:
+def run_mixes(rounds: int, mixes=None, servers_=None) -> dict:
     import os
     import statistics
 
     retriever = open_retriever(bundled_index("flat", progress=True))
     rows = [json.loads(line) for line in open(bundled_corpus_path())]
     questions = [r["contents"].split("\n", 1)[0] + " history and trade" for r in rows]
-    servers = {name: ServerThread(retriever, max_wait_ms=2, **kw).start() for name, kw in SERVERS.items()}
-    qps = {(m, s): [] for m in MIXES for s in SERVERS}
-    batches = {(m, s): [] for m in MIXES for s in SERVERS}   # batch sizes each server formed
-    fair = {m: 0 for m in MIXES}                              # default server: batches cut slice by slice
+    mixes = {m: MIXES[m] for m in (mixes or MIXES)}
+    kinds = {n: SERVERS[n] for n in (servers_ or SERVERS)}
+    servers = {name: ServerThread(retriever, max_wait_ms=2, **kw).start() for name, kw in kinds.items()}
+    qps = {(m, s): [] for m in mixes for s in kinds}
+    batches = {(m, s): [] for m in mixes for s in kinds}     # batch sizes each server formed
+    fair = {m: 0 for m in mixes}                              # default server: batches cut slice by slice
     loads = []
     try:
         for srv in servers.values():
             asyncio.run(_mix(srv.url, questions, 8, 8, 1))  # warm-up: connections, encoder
-        names = list(SERVERS)
+        names = list(kinds)
         for r in range(rounds):
             loads.append(os.getloadavg()[0])
-            for i, (mix, spec) in enumerate(MIXES.items()):
+            for i, (mix, spec) in enumerate(mixes.items()):
                 shift = (r + i) % len(names)
                 for name in names[shift:] + names[:shift]:
                     st = servers[name].app[BATCHER].stats
@@ -127,8 +130,10 @@ def run_mixes(rounds: int) -> dict:
           "(rounds) | default / no batching | mean batch, default / unsliced | sliced batches (default) |")
     print("|---|---|---|---|---|---|---|---|")
     out = {}
-    for mix in MIXES:
-        med = {n: statistics.median(qps[(mix, n)]) for n in SERVERS}
+    for mix in mixes:
+        med = {n: statistics.median(qps[(mix, n)]) for n in kinds}
+        med.setdefault("no batching", float("nan"))
+        batches.setdefault((mix, "unsliced"), [float("nan")])
         per_round = [a / b for a, b in zip(qps[(mix, "default")], qps[(mix, "unsliced")])]
         out[mix] = med
         print(f"| {mix} | {med['default']:.1f} | {med['unsliced']:.1f} | {med['no batching']:.1f} | "
@@ -199,4 +204,7 @@ if __name__ == "__main__":
 
     p = argparse.ArgumentParser(description="retrieval server: client mixes, default vs unsliced vs no batching")
     p.add_argument("--rounds", type=int, default=3)
-    run_mixes(p.parse_args().rounds)
+    p.add_argument("--mixes", default=",".join(MIXES), help="comma-separated names of MIXES")
+    p.add_argument("--servers", default=",".join(SERVERS), help="comma-separated names of SERVERS")
+    a = p.parse_args()
+    run_mixes(a.rounds, a.mixes.split(","), a.servers.split(","))

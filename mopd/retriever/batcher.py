@@ -13,8 +13,11 @@ per waiting request, in order, within ``max_batch_work`` and ``max_batch_queries
 with queries left goes to the back of the list: a one-query request waits for at most the batch
 being computed plus its own, and a 1,024-query request shares the worker round by round. Otherwise
 -- a big request alone, big requests only, or small ones only -- a batch takes whole requests in
-order, within ``max_batch_queries`` (the first always whole): slicing would only cost the encoder
-its batch size, with nobody to be fair to. (A request whose padding would more than double a batch
+order, within ``max_batch_queries`` and ``max_whole_work`` (4 x ``max_batch_work`` by default):
+slicing would only cost the encoder its batch size, with nobody to be fair to. A request above
+``max_whole_work`` (say 1,024 queries) still runs in pieces of that size even alone, because
+batches cannot be interrupted: a small request that arrives meanwhile waits for one piece, not for
+all of it. (A request whose padding would more than double a batch
 past ``max_batch_work`` -- long queries next to short ones -- leads the next batch instead.)
 
 The batching window adapts to the concurrency seen: after the first request arrives, the worker
@@ -96,11 +99,13 @@ class BatchStats:
 
 class MicroBatcher:
     def __init__(self, search: SearchFn, max_wait_s: float = 0.002, max_batch_queries: int = 512,
-                 enabled: bool = True, slice_work: int = 1024, max_batch_work: int = 4096):
-        if slice_work < 1 or max_batch_work < slice_work or max_batch_queries < 1:
-            raise ValueError("need 1 <= slice_work <= max_batch_work and max_batch_queries >= 1")
+                 enabled: bool = True, slice_work: int = 1024, max_batch_work: int = 4096,
+                 max_whole_work: int | None = None):
+        max_whole_work = 4 * max_batch_work if max_whole_work is None else max_whole_work
+        if slice_work < 1 or max_batch_work < slice_work or max_whole_work < max_batch_work or max_batch_queries < 1:
+            raise ValueError("need 1 <= slice_work <= max_batch_work <= max_whole_work and max_batch_queries >= 1")
         self.search, self.max_wait_s, self.max_batch_queries = search, max_wait_s, max_batch_queries
-        self.slice_work, self.max_batch_work = slice_work, max_batch_work
+        self.slice_work, self.max_batch_work, self.max_whole_work = slice_work, max_batch_work, max_whole_work
         self.enabled = enabled
         self.stats = BatchStats()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
@@ -184,13 +189,15 @@ class MicroBatcher:
         if not self.fair_mode():
             parts, n, widest, work = [], 0, 0, 0
             for p in self._waiting:
-                rest = [query_work(q) for q in p.queries[p.done:]]
+                end, _ = p.next_slice(self.max_whole_work)     # the whole request, unless above the cap
+                rest = [query_work(q) for q in p.queries[p.done:end]]
                 m, w, t = n + len(rest), max(widest, *rest), work + sum(rest)
                 # a request that does not fit, or whose padding would more than double a batch past
                 # max_batch_work (long queries next to short ones), leads the next batch instead
-                if parts and (m > self.max_batch_queries or (m * w > self.max_batch_work and m * w > 2 * t)):
+                if parts and (m > self.max_batch_queries or m * w > self.max_whole_work
+                              or (m * w > self.max_batch_work and m * w > 2 * t)):
                     continue
-                parts.append((p, p.done, len(p.queries)))
+                parts.append((p, p.done, end))
                 n, widest, work = m, w, t
             return parts
         self.stats.fair_batches += 1

@@ -175,3 +175,26 @@ def test_no_wait_with_a_zero_window():
         return b.stats
 
     assert asyncio.run(main()).waits == 0 and [len(c) for c in search.calls] == [4, 1]
+
+
+def test_a_request_above_the_whole_batch_cap_runs_in_pieces_even_alone():
+    """Batches cannot be interrupted, so a huge request alone still runs in pieces of at most
+    max_whole_work: a small request arriving meanwhile waits for one piece, not for all of it."""
+    search = GatedSearch(hold=[0])
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19, max_whole_work=20 * 19)
+        await b.start()
+        huge = asyncio.ensure_future(b.submit(_queries(100, 50), 1))
+        await search.started(1)
+        small = asyncio.ensure_future(b.submit(["7"], 1))
+        await asyncio.sleep(0)
+        search.release(0)
+        out = await asyncio.gather(huge, small)
+        await b.stop()
+        return out
+
+    out = asyncio.run(main())
+    # a piece of 20 alone; then the small one with a slice of 5; one more slice; then pieces again
+    assert search.calls == [_queries(100, 20), ["7"] + _queries(120, 5), _queries(125, 5), _queries(130, 20)]
+    _check(out, [_queries(100, 50), ["7"]])

@@ -336,7 +336,8 @@ def test_large_requests_without_small_ones_share_batches_whole():
         return _fake_search(queries, k)
 
     async def main():
-        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=50, slice_work=5 * 17, max_batch_work=10 * 17)
+        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=50, slice_work=5 * 17, max_batch_work=10 * 17,
+                         max_whole_work=10 ** 6)
         await b.start()
         reqs = [[str(100 * r + j) for j in range(20)] for r in range(4)]
         out = await asyncio.gather(*(b.submit(q, 1) for q in reqs))
