@@ -129,14 +129,17 @@ def run_mixes(rounds: int, mixes=None, servers_=None) -> dict:
             srv.stop()
     print(f"load average {min(loads):.1f}-{max(loads):.1f}; medians of {rounds} rounds")
     print("| clients x queries per request | default q/s | unsliced q/s | no batching q/s | default / unsliced "
-          "(rounds) | default / no batching | mean batch, default / unsliced | sliced batches (default) |")
+          "(per round vs unsliced, else vs no batching) | default / no batching | mean batch, default / unsliced "
+          "| sliced batches (default) |")
     print("|---|---|---|---|---|---|---|---|")
     out = {}
     for mix in mixes:
         med = {n: statistics.median(qps[(mix, n)]) for n in kinds}
-        med.setdefault("no batching", float("nan"))
-        batches.setdefault((mix, "unsliced"), [float("nan")])
-        per_round = [a / b for a, b in zip(qps[(mix, "default")], qps[(mix, "unsliced")])]
+        for n in SERVERS:
+            med.setdefault(n, float("nan"))
+            batches.setdefault((mix, n), [float("nan")])
+        other = "unsliced" if "unsliced" in kinds else "no batching"
+        per_round = [a / b for a, b in zip(qps[(mix, "default")], qps[(mix, other)])]
         out[mix] = med
         print(f"| {mix} | {med['default']:.1f} | {med['unsliced']:.1f} | {med['no batching']:.1f} | "
               f"{med['default'] / med['unsliced']:.2f}x ({', '.join(f'{x:.2f}' for x in per_round)}) | "
