@@ -1,7 +1,9 @@
 """Row-chunked lm-head passes that never hold logits for all T rows, and the pure-torch row pass.
 
-Memory plan. Rows are processed ``C`` at a time, with ``C`` sized from a byte budget for the
-per-chunk working set (``chunk_rows``). For each chunk:
+Memory plan. Rows are processed ``C`` at a time (``chunk_rows_for``): on CPU ``C`` is sized from the
+shape, so that the chunk's working set is at most half the weight gradient the call returns
+(``C = H / 2`` rows for fp32, at least 256); on CUDA from a 512 MiB budget; ``MOPD_KERNELS_CHUNK_MB``
+sets a fixed budget anywhere. For each chunk:
 
 1. ``z = h_c @ W^T`` (one matmul, cuBLAS/MKL, input dtype) into a reused ``[C, V]`` buffer;
 2. a *row pass* (``TorchRowPass`` here, ``TritonRowPass`` in ``triton_kernels``) reads the chunk,
@@ -39,20 +41,41 @@ from mopd.kernels.inputs import LossInputs
 from mopd.kernels.settings import PolicyLossSettings
 from mopd.kernels.terms import token_terms
 
-DEFAULT_BUDGET_MB = {"cpu": 128, "cuda": 512}
-"""Per-chunk working-set budget (MiB); ``MOPD_KERNELS_CHUNK_MB`` overrides it."""
+DEFAULT_BUDGET_MB = {"cuda": 512}
+"""A fixed per-chunk working-set budget (MiB) for devices without a shape rule (``CPU_SIZING``);
+``MOPD_KERNELS_CHUNK_MB`` sets a fixed budget on every device."""
+
+CPU_MIN_ROWS = 256
+"""The CPU default never takes fewer rows per chunk: each chunk streams the whole of ``W`` through
+three matmuls (and read-modify-writes ``grad_W``), so small chunks are bound by memory, not by the
+matmuls (measured, T=8192 H=256 V=50257 fp32: 64 rows 2.5x the time of 256 rows; bench/RESULTS.md)."""
+
+CPU_GRAD_FRACTION = 0.5
+"""On CPU a chunk's working set is held to this fraction of the weight gradient ``V x H`` that the
+call returns anyway (``rows x V x bytes_per_logit <= fraction x V x H x element size``): the chunk
+then never dominates the call's memory, at any shape (rows = H / 2 for fp32)."""
 
 
 def chunk_rows_for(n_rows: int, V: int, bytes_per_logit: int, device: torch.device,
-                   chunk_rows: Optional[int] = None) -> int:
-    """Rows per chunk: ``chunk_rows`` if given, else the budget over the per-row working set,
-    balanced so that the chunks of ``n_rows`` have equal size (no small tail chunk)."""
+                   chunk_rows: Optional[int] = None, H: int = 0, element_size: int = 4) -> int:
+    """Rows per chunk: ``chunk_rows`` if given; else from ``MOPD_KERNELS_CHUNK_MB`` (a fixed budget
+    over the per-row working set); else the device's default -- on CPU sized from the shape
+    (``CPU_GRAD_FRACTION`` of the weight gradient, at least ``CPU_MIN_ROWS``), elsewhere the
+    ``DEFAULT_BUDGET_MB`` budget. Balanced so the chunks of ``n_rows`` have equal size (no small
+    tail chunk)."""
     if n_rows <= 0:
         return 1
     if chunk_rows:
         return max(1, min(int(chunk_rows), n_rows))
-    budget_mb = float(os.environ.get("MOPD_KERNELS_CHUNK_MB") or DEFAULT_BUDGET_MB.get(device.type, 512))
-    max_rows = max(1, int(budget_mb * 2**20) // max(1, V * bytes_per_logit))
+    per_row = max(1, V * bytes_per_logit)
+    env_mb = os.environ.get("MOPD_KERNELS_CHUNK_MB")
+    if env_mb:
+        max_rows = int(float(env_mb) * 2**20) // per_row
+    elif device.type == "cpu":
+        max_rows = max(CPU_MIN_ROWS, int(CPU_GRAD_FRACTION * V * H * element_size) // per_row)
+    else:
+        max_rows = int(DEFAULT_BUDGET_MB.get(device.type, 512) * 2**20) // per_row
+    max_rows = max(1, max_rows)
     n_chunks = -(-n_rows // max_rows)
     rows = -(-n_rows // n_chunks)
     if rows < n_rows and rows > 8:
@@ -68,8 +91,7 @@ def chunk_rows_for(n_rows: int, V: int, bytes_per_logit: int, device: torch.devi
 class ChunkSoftmax(NamedTuple):
     """The softmax of one logits chunk as ``TorchRowPass`` computes it (fp32; [C, V] or [C])."""
 
-    L: torch.Tensor       # [C, V] s - m (a work buffer, or the chunk itself for fp32 inputs)
-    E: torch.Tensor       # [C, V] exp(s - m) (a work buffer)
+    L: torch.Tensor       # [C, V] s - m (the chunk itself for fp32 inputs, else a work buffer)
     m: torch.Tensor       # row max of s
     d: torch.Tensor       # sum exp(s - m)
     log_d: torch.Tensor
@@ -79,12 +101,21 @@ class ChunkSoftmax(NamedTuple):
     safe: torch.Tensor    # [C, 1] int64 target index (0 where not valid)
 
 
-class TorchRowPass:
-    """Softmax statistics and logits gradients of a logits chunk with torch ops on fp32 buffers.
+EXP_TILE_ROWS = 64
+"""Rows of the row pass's ``exp`` tiles: the only work buffer besides the chunk's fp32 logits."""
 
-    Per row: one max, one exp, one sum, one dot (``bmm``) and, for gradients, one to three fused
-    multiply passes. Work buffers (``[C, V]`` fp32, two of them, three for 16-bit inputs) are
-    allocated once per call and reused for every chunk.
+
+class TorchRowPass:
+    """Softmax statistics and logits gradients of a logits chunk with torch ops, in place.
+
+    Memory: the chunk's logits in fp32 are the one ``[C, V]`` array (the chunk itself for fp32
+    inputs, one fp32 copy for 16-bit inputs); ``exp(s - m)`` is never held for the whole chunk but
+    made ``EXP_TILE_ROWS`` rows at a time (one ``[EXP_TILE_ROWS, V]`` buffer) wherever it is needed
+    beside ``s - m`` -- for ``sum e (s - m)`` (the entropy) and for the entropy term of the
+    gradient -- and made in place where it replaces it (the gradient without an entropy term).
+    That costs a second ``exp`` over the chunk when a gradient is written, and halves the chunk's
+    working set (4 bytes per logit for fp32, not 8), so a memory budget takes twice the rows.
+    Buffers are allocated once per call and reused for every chunk.
     """
 
     name = "torch"
@@ -94,22 +125,30 @@ class TorchRowPass:
 
     @staticmethod
     def bytes_per_logit(dtype: torch.dtype) -> int:
-        # the logits chunk in the input dtype, plus fp32 work buffers (s - m and exp), the first of
-        # which is the chunk itself for fp32 inputs
+        # the logits chunk in the input dtype, plus its fp32 copy for 16-bit inputs (the exp tile
+        # is EXP_TILE_ROWS rows, whatever the chunk's size)
         size = torch.empty((), dtype=dtype).element_size()
-        return 8 if dtype == torch.float32 else size + 8
+        return 4 if dtype == torch.float32 else size + 4
 
-    def _buf(self, key: str, like: torch.Tensor) -> torch.Tensor:
-        c, V = like.shape
+    def _buf(self, key: str, rows: int, cols: int, device) -> torch.Tensor:
         buf = self._buffers.get(key)
-        if buf is None or buf.shape[0] < c:
-            buf = torch.empty(c, V, dtype=torch.float32, device=like.device)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] < cols:
+            buf = torch.empty(rows, cols, dtype=torch.float32, device=device)
             self._buffers[key] = buf
-        return buf[:c]
+        return buf[:rows, :cols]
+
+    def _tiles(self, L: torch.Tensor):
+        """``(rows, L[rows], exp(L[rows]))`` for each tile of ``EXP_TILE_ROWS`` rows of ``L``
+        (contiguous row blocks; the exp buffer is reused)."""
+        c, V = L.shape
+        for a in range(0, c, EXP_TILE_ROWS):
+            Lt = L[a:a + EXP_TILE_ROWS]
+            Et = torch.exp(Lt, out=self._buf("E", min(c, EXP_TILE_ROWS), V, L.device)[: Lt.shape[0]])
+            yield slice(a, a + Lt.shape[0]), Lt, Et
 
     def _shifted(self, z: torch.Tensor, inv_t: float) -> torch.Tensor:
         """``s = z * inv_t`` in fp32 (in place on ``z`` when it is fp32)."""
-        L = z if z.dtype == torch.float32 else self._buf("L", z).copy_(z)
+        L = z if z.dtype == torch.float32 else self._buf("L", z.shape[0], z.shape[1], z.device).copy_(z)
         if inv_t != 1.0:
             L.mul_(inv_t)
         return L
@@ -118,9 +157,11 @@ class TorchRowPass:
         L = self._shifted(z, inv_t)
         m = L.amax(dim=1)
         L.sub_(m.unsqueeze(1))  # L = s - m
-        E = torch.exp(L, out=self._buf("E", z))
-        d = E.sum(dim=1)
-        s = torch.bmm(E.unsqueeze(1), L.unsqueeze(2)).view(-1)  # sum e (s - m), no [C, V] temporary
+        d = torch.empty_like(m)
+        s = torch.empty_like(m)  # sum e (s - m)
+        for rows, Lt, Et in self._tiles(L):
+            d[rows] = Et.sum(dim=1)
+            s[rows] = torch.bmm(Et.unsqueeze(1), Lt.unsqueeze(2)).view(-1)  # no [rows, V] temporary
         log_d = torch.log(d)
         entropy = log_d - s / d
         V = z.shape[1]
@@ -128,7 +169,7 @@ class TorchRowPass:
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
         picked = L.gather(1, safe).squeeze(1) - log_d
         logp = torch.where(valid, picked, torch.zeros_like(picked))
-        return ChunkSoftmax(L, E, m, d, log_d, logp, entropy, valid, safe)
+        return ChunkSoftmax(L, m, d, log_d, logp, entropy, valid, safe)
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
         sm = self._softmax(z, targets, inv_t)
@@ -136,12 +177,20 @@ class TorchRowPass:
         out_entropy.copy_(sm.entropy)
         out_lse.copy_(sm.m + sm.log_d)
 
-    def _finish(self, z, E, g_logp, valid, safe):
-        """Add ``g_logp`` at the target and hand back the gradient in the matmul dtype."""
-        E.scatter_add_(1, safe, torch.where(valid, g_logp, torch.zeros_like(g_logp)).unsqueeze(1))
+    def _finish(self, z, G, g_logp, valid, safe):
+        """Add ``g_logp`` at the target of the fp32 gradient ``G`` and hand it back in the matmul dtype."""
+        G.scatter_add_(1, safe, torch.where(valid, g_logp, torch.zeros_like(g_logp)).unsqueeze(1))
         if z.dtype == torch.float32:
-            return E
-        return z.copy_(E)
+            return G
+        return z.copy_(G)
+
+    def _exp_times(self, L: torch.Tensor, a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+        """``exp(L) * (a + b L)`` per row, in place on ``L`` (``b`` None: ``exp(L) * a``)."""
+        if b is None:
+            return L.exp_().mul_(a.unsqueeze(1))
+        for rows, Lt, Et in self._tiles(L):
+            Lt.mul_(b[rows].unsqueeze(1)).add_(a[rows].unsqueeze(1)).mul_(Et)
+        return L
 
     def policy_loss(self, z, targets, inputs: LossInputs, settings: PolicyLossSettings, out_logp, out_entropy,
                     write_grad: bool):
@@ -158,26 +207,21 @@ class TorchRowPass:
     def _grad_from_shifted(self, z, sm: "ChunkSoftmax", g_logp, g_entropy, has_entropy_term: bool):
         # dlogits_j = e_j / d * (a + b (s_j - m)),  a = -g_logp - g_H (H - log d),  b = -g_H
         a = (-g_logp - g_entropy * (sm.entropy - sm.log_d)) / sm.d
-        if has_entropy_term:
-            b = -g_entropy / sm.d
-            sm.L.mul_(b.unsqueeze(1)).add_(a.unsqueeze(1))
-            sm.E.mul_(sm.L)
-        else:
-            sm.E.mul_(a.unsqueeze(1))
-        return self._finish(z, sm.E, g_logp, sm.valid, sm.safe)
+        b = -g_entropy / sm.d if has_entropy_term else None
+        G = self._exp_times(sm.L, a, b)
+        return self._finish(z, G, g_logp, sm.valid, sm.safe)
 
     def logprobs_grad(self, z, targets, inv_t, lse, entropy, g_logp, g_entropy):
         # dlogits_j = p_j (-g_logp - g_H (log p_j + H)) + g_logp [j == y],  log p_j = s_j - lse
+        #           = p_j (a + b log p_j)  with  a = -g_logp - g_H H,  b = -g_H
         V = z.shape[1]
         valid = (targets >= 0) & (targets < V)
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
         g_logp = torch.where(valid, g_logp, torch.zeros_like(g_logp))  # logp is the constant 0 there
         L = self._shifted(z, inv_t)
-        L.sub_(lse.unsqueeze(1))
-        E = torch.exp(L, out=self._buf("E", z))
-        L.add_(entropy.unsqueeze(1)).mul_(-g_entropy.unsqueeze(1)).sub_(g_logp.unsqueeze(1))
-        E.mul_(L)
-        return self._finish(z, E, g_logp, valid, safe)
+        L.sub_(lse.unsqueeze(1))  # log p
+        G = self._exp_times(L, -g_logp - g_entropy * entropy, -g_entropy)
+        return self._finish(z, G, g_logp, valid, safe)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +244,7 @@ class ChunkLoop:
 
     def rows_per_chunk(self, n_rows: int, hidden: torch.Tensor, V: int) -> int:
         return chunk_rows_for(n_rows, V, self.row_pass.bytes_per_logit(hidden.dtype), hidden.device,
-                              self.chunk_rows)
+                              self.chunk_rows, H=hidden.shape[1], element_size=hidden.element_size())
 
 
 @dataclass(frozen=True)

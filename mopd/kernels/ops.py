@@ -163,8 +163,8 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     Returns ``logp`` [T] fp32 and ``entropy`` [T] fp32 (None when ``with_entropy=False``; it is
     computed in the same pass either way). A target outside ``[0, V)`` (e.g. -100) gets logp 0 and
     no gradient. Differentiable w.r.t. ``hidden`` and ``weight``; under ``torch.no_grad`` it is the
-    pi_old / teacher scoring pass. ``chunk_rows`` fixes the rows per chunk (default: from a memory
-    budget, ``MOPD_KERNELS_CHUNK_MB``).
+    pi_old / teacher scoring pass. ``chunk_rows`` fixes the rows per chunk (default:
+    ``chunked.chunk_rows_for``, from the shape on CPU, a memory budget elsewhere).
     """
     check_linear_inputs(hidden, weight, targets)
     check_temperature(temperature)

@@ -35,7 +35,8 @@ class PolicyLossSettings:
     backend: str = "auto"
     """``"triton" | "torch" | "reference" | "auto"`` (triton on CUDA when it imports, else torch)."""
     chunk_rows: int | None = None
-    """Rows per chunk of the lm-head passes; None sizes chunks from ``MOPD_KERNELS_CHUNK_MB``."""
+    """Rows per chunk of the lm-head passes; None: the default sizing (``chunked.chunk_rows_for``: on
+    CPU from the shape, on CUDA from a 512 MiB budget, or ``MOPD_KERNELS_CHUNK_MB`` when set)."""
 
     def __post_init__(self):
         check_role_specs(self.role_specs)

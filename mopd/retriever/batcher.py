@@ -6,11 +6,23 @@ largest topk asked, and hands each request its own rows cut to its own topk. Whi
 computes, new requests pile up and form the next batch, so under load the wait costs nothing and 64
 concurrent clients cost about one batched call instead of 64 serial ones.
 
-Fairness: a request enters a batch one *slice* at a time; a batch takes one slice per waiting
-request, in order, within ``max_batch_work`` and ``max_batch_queries``, and a request with queries
-left goes to the back of the list. A one-query request is one slice, so it waits for at most the
-batch being computed plus its own; a 1,024-query request no longer holds everyone behind it for its
-whole search, it shares the worker round by round.
+Fairness, only where it is needed: a request is *big* when its queries left need more than one
+*slice* (``slice_work``), *small* otherwise. While a small request is waiting next to a big one (or
+was in the batch just run: its client is likely back within a round trip), a batch takes one slice
+per waiting request, in order, within ``max_batch_work`` and ``max_batch_queries``, and a request
+with queries left goes to the back of the list: a one-query request waits for at most the batch
+being computed plus its own, and a 1,024-query request shares the worker round by round. Otherwise
+-- a big request alone, big requests only, or small ones only -- a batch takes whole requests in
+order, within ``max_batch_queries`` and ``max_whole_work`` (4 x ``max_batch_work`` by default):
+slicing would only cost the encoder its batch size, with nobody to be fair to. A request above
+``max_whole_work`` (say 1,024 queries) still runs in pieces of that size even alone, because
+batches cannot be interrupted: a small request that arrives meanwhile waits for one piece, not for
+all of it. (A request whose padding would more than double a batch
+past ``max_batch_work`` -- long queries next to short ones -- leads the next batch instead.)
+
+The batching window adapts to the concurrency seen: after the first request arrives, the worker
+waits (up to ``max_wait_s`` after that arrival) only while fewer requests wait than the last batch
+held, so a lone client is never made to wait, and 64 concurrent clients are gathered as before.
 
 Work is counted as an encoder pays for it: a batch is padded to its longest query, so its work is
 (number of queries) x (longest query's characters + ``QUERY_OVERHEAD``). A slice holds at most
@@ -51,9 +63,14 @@ class _Pending:
     k: int
     future: asyncio.Future
     arrived: float
+    small: bool = False                 # the whole request fits one slice
     done: int = 0                       # queries searched so far
     ids: list = field(default_factory=list)
     scores: list = field(default_factory=list)
+
+    @property
+    def left(self) -> int:
+        return len(self.queries) - self.done
 
     def next_slice(self, slice_work: int) -> tuple[int, int]:
         """``(end, widest)`` of the next slice: at least one query, then as many as keep
@@ -75,20 +92,26 @@ class BatchStats:
     largest_batch: int = 0
     errors: int = 0
     sliced_requests: int = 0
+    waits: int = 0                      # times the worker waited for more requests to arrive
+    fair_batches: int = 0               # batches formed slice by slice (a small request next to a big one)
     batch_sizes: list[int] = field(default_factory=list, repr=False)
 
 
 class MicroBatcher:
     def __init__(self, search: SearchFn, max_wait_s: float = 0.002, max_batch_queries: int = 512,
-                 enabled: bool = True, slice_work: int = 1024, max_batch_work: int = 4096):
-        if slice_work < 1 or max_batch_work < slice_work or max_batch_queries < 1:
-            raise ValueError("need 1 <= slice_work <= max_batch_work and max_batch_queries >= 1")
+                 enabled: bool = True, slice_work: int = 1024, max_batch_work: int = 4096,
+                 max_whole_work: int | None = None):
+        max_whole_work = 4 * max_batch_work if max_whole_work is None else max_whole_work
+        if slice_work < 1 or max_batch_work < slice_work or max_whole_work < max_batch_work or max_batch_queries < 1:
+            raise ValueError("need 1 <= slice_work <= max_batch_work <= max_whole_work and max_batch_queries >= 1")
         self.search, self.max_wait_s, self.max_batch_queries = search, max_wait_s, max_batch_queries
-        self.slice_work, self.max_batch_work = slice_work, max_batch_work
+        self.slice_work, self.max_batch_work, self.max_whole_work = slice_work, max_batch_work, max_whole_work
         self.enabled = enabled
         self.stats = BatchStats()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
         self._waiting: list[_Pending] = []
+        self._last_requests = 1             # requests in the last batch: the concurrency to wait for
+        self._last_had_small = False        # the last batch served a small request
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
@@ -115,7 +138,9 @@ class MicroBatcher:
             self._count_batch(len(queries))
             return await loop.run_in_executor(self._executor, self.search, queries, k)
         fut = loop.create_future()
-        self._waiting.append(_Pending(list(queries), k, fut, loop.time()))
+        p = _Pending(list(queries), k, fut, loop.time())
+        p.small = not self._is_big(p)
+        self._waiting.append(p)
         self._wakeup.set()
         return await fut
 
@@ -126,20 +151,56 @@ class MicroBatcher:
             self.stats.batch_sizes.append(n)
 
     async def _gather(self) -> None:
-        """Wait for a request, then up to ``max_wait_s`` after its arrival for others (unless a
-        full batch is already waiting)."""
+        """Wait for a request, then, while fewer requests wait than the last batch held (and less
+        than a full batch of queries), for others until ``max_wait_s`` after the first's arrival."""
         while not self._waiting:
             self._wakeup.clear()
             await self._wakeup.wait()
         loop = asyncio.get_running_loop()
-        left = self._waiting[0].arrived + self.max_wait_s - loop.time()
-        waiting = sum(len(p.queries) - p.done for p in self._waiting)
-        if left > 0 and waiting < self.max_batch_queries:
-            await asyncio.sleep(left)
+        deadline = self._waiting[0].arrived + self.max_wait_s
+        waited = False
+        while (len(self._waiting) < self._last_requests
+               and sum(p.left for p in self._waiting) < self.max_batch_queries):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            waited = True
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except TimeoutError:
+                break
+        self.stats.waits += waited
+
+    def _is_big(self, p: _Pending) -> bool:
+        return p.next_slice(self.slice_work)[0] < len(p.queries)
+
+    def fair_mode(self) -> bool:
+        """Slice by slice when a big request waits and a small one waits too (or was just served)."""
+        return (any(self._is_big(p) for p in self._waiting)
+                and (self._last_had_small or any(p.small for p in self._waiting)))
 
     def _take(self) -> list[tuple[_Pending, int, int]]:
-        """One slice per waiting request, in order, within the batch's work and query limits."""
+        """The next batch's parts ``(request, start, end)``: one slice per waiting request in fair
+        mode (``fair_mode``), else whole requests in order."""
         self._waiting = [p for p in self._waiting if not p.future.done()]  # clients that went away
+        if not self._waiting:
+            return []
+        if not self.fair_mode():
+            parts, n, widest, work = [], 0, 0, 0
+            for p in self._waiting:
+                end, _ = p.next_slice(self.max_whole_work)     # the whole request, unless above the cap
+                rest = [query_work(q) for q in p.queries[p.done:end]]
+                m, w, t = n + len(rest), max(widest, *rest), work + sum(rest)
+                # a request that does not fit, or whose padding would more than double a batch past
+                # max_batch_work (long queries next to short ones), leads the next batch instead
+                if parts and (m > self.max_batch_queries or m * w > self.max_whole_work
+                              or (m * w > self.max_batch_work and m * w > 2 * t)):
+                    continue
+                parts.append((p, p.done, end))
+                n, widest, work = m, w, t
+            return parts
+        self.stats.fair_batches += 1
         parts, widest, n = [], 0, 0
         for p in self._waiting:
             end, w = p.next_slice(self.slice_work)
@@ -159,6 +220,8 @@ class MicroBatcher:
                 continue
             queries = [q for p, s, e in parts for q in p.queries[s:e]]
             k = max(p.k for p, _, _ in parts)
+            self._last_requests = len(parts)
+            self._last_had_small = any(p.small for p, _, _ in parts)
             self._count_batch(len(queries))
             try:
                 ids, scores = await loop.run_in_executor(self._executor, self.search, queries, k)

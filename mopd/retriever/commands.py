@@ -48,7 +48,8 @@ def register(sub) -> None:
     s.add_argument("--max-wait-ms", type=float, default=2.0, help="micro-batching: longest wait for more requests")
     s.add_argument("--max-batch", type=int, default=512, help="micro-batching: most queries per batch")
     s.add_argument("--slice-work", type=int, default=1024,
-                   help="fairness: a request enters a batch in slices of at most this much work (queries x "
+                   help="fairness: while a small request waits next to a big one, requests enter batches in slices "
+                        "of at most this much work (queries x "
                         "longest query's characters), so a large request shares the worker with small ones "
                         "instead of holding them; larger: faster large requests, slower small ones")
     s.add_argument("--max-batch-work", type=int, default=4096,

@@ -143,11 +143,11 @@ def _answer(retriever, ids, scores, with_scores: bool) -> bytes:
 
 def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float = 2.0,
              max_batch_queries: int = 512, batching: bool = True, slice_work: int = 1024,
-             max_batch_work: int = 4096):
+             max_batch_work: int = 4096, max_whole_work: int | None = None):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
     limits = limits or ServerLimits()
     batcher = MicroBatcher(retriever.search_rows, max_wait_ms / 1000.0, max_batch_queries, enabled=batching,
-                           slice_work=slice_work, max_batch_work=max_batch_work)
+                           slice_work=slice_work, max_batch_work=max_batch_work, max_whole_work=max_whole_work)
 
     async def retrieve(request: web.Request):
         try:

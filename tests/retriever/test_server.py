@@ -283,15 +283,15 @@ def test_client_skips_blank_queries_cuts_long_ones_and_splits_by_results(server,
 
 
 def test_large_request_is_sliced_and_small_ones_finish_first():
-    """One request of 60 queries and, once it is running, five one-query requests: the small ones
-    are served between the large one's slices (before, the large one ran as one call first)."""
+    """One request of 60 queries waiting with five one-query requests (all queued while a first
+    batch computes): the small ones are served with the large one's first slice, not after it."""
     calls, done = [], []
+    first = threading.Event()
 
     def search(queries, k):
         calls.append(list(queries))
-        import time
-
-        time.sleep(0.01)     # a search takes a while, so the small requests arrive mid-way
+        if len(calls) == 1:
+            first.wait(10)   # hold the worker until everything below is queued
         return _fake_search(queries, k)
 
     async def main():
@@ -304,25 +304,31 @@ def test_large_request_is_sliced_and_small_ones_finish_first():
             done.append(name)
             return out
 
-        big = asyncio.ensure_future(tracked("large", large, 2))
+        hold = asyncio.ensure_future(tracked("hold", ["99"], 1))
         while not calls:
             await asyncio.sleep(0.001)
+        big = asyncio.ensure_future(tracked("large", large, 2))
         small = [asyncio.ensure_future(tracked(f"s{i}", [str(i)], 1)) for i in range(5)]
-        out = await asyncio.gather(big, *small)
+        await asyncio.sleep(0)
+        first.set()
+        out = await asyncio.gather(big, *small, hold)
         await b.stop()
         return out, b.stats
 
     out, stats = asyncio.run(main())
-    assert done[-1] == "large" and set(done[:-1]) == {f"s{i}" for i in range(5)}
-    assert stats.sliced_requests == 1 and len(calls) >= 60 // 9
-    for c in calls:                                     # at most one slice of the large request per call
-        assert sum(q.isdigit() and int(q) >= 100 for q in c) <= 9
+    assert done[-1] == "large" and set(done[1:-1]) == {f"s{i}" for i in range(5)}
+    # one slice of the large one with the five; one more slice (their clients may be back); then,
+    # with nobody to be fair to, the rest in one batch
+    assert [len(c) for c in calls] == [1, 9 + 5, 9, 42] and stats.sliced_requests == 1
+    assert sorted(calls[1][-5:]) == [str(i) for i in range(5)]
     np.testing.assert_array_equal(out[0][0], _fake_search([str(i) for i in range(100, 160)], 2)[0])
-    for i, (ids, _) in enumerate(out[1:]):
+    for i, (ids, _) in enumerate(out[1:6]):
         np.testing.assert_array_equal(ids, _fake_search([str(i)], 1)[0])
 
 
-def test_many_large_requests_share_batches_round_robin():
+def test_large_requests_without_small_ones_share_batches_whole():
+    """Four 20-query requests (each four slices) and no small one: nobody to be fair to, so they
+    are never cut; ``max_batch_queries`` splits them between batches by whole requests."""
     sizes = []
 
     def search(queries, k):
@@ -330,15 +336,16 @@ def test_many_large_requests_share_batches_round_robin():
         return _fake_search(queries, k)
 
     async def main():
-        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=1000, slice_work=5 * 17, max_batch_work=10 * 17)
+        b = MicroBatcher(search, max_wait_s=0.01, max_batch_queries=50, slice_work=5 * 17, max_batch_work=10 * 17,
+                         max_whole_work=10 ** 6)
         await b.start()
         reqs = [[str(100 * r + j) for j in range(20)] for r in range(4)]
         out = await asyncio.gather(*(b.submit(q, 1) for q in reqs))
         await b.stop()
-        return reqs, out
+        return reqs, out, b.stats
 
-    reqs, out = asyncio.run(main())
-    assert max(sizes) <= 10 and sum(sizes) == 80      # the batch work cap holds: two slices of 5 per call
+    reqs, out, stats = asyncio.run(main())
+    assert sizes == [40, 40] and stats.sliced_requests == 0 and stats.fair_batches == 0
     for q, (ids, _) in zip(reqs, out):
         np.testing.assert_array_equal(ids, _fake_search(q, 1)[0])
 
