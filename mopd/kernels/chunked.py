@@ -50,6 +50,13 @@ CPU_MIN_ROWS = 256
 three matmuls (and read-modify-writes ``grad_W``), so small chunks are bound by memory, not by the
 matmuls (measured, T=8192 H=256 V=50257 fp32: 64 rows 2.5x the time of 256 rows; bench/RESULTS.md)."""
 
+CPU_FLOOR_MB = 32
+"""Nor a smaller chunk than this many MiB of logits: below it a chunk is no memory worth saving on
+any machine, while every extra chunk streams ``W`` again and reorders the weight-gradient sum. It
+keeps small vocabularies in one chunk per micro-batch (the tiny demo's V=1024 up to 8,192 rows, as
+the 128 MiB budget before did, so its runs are unchanged bit for bit) and binds at none of the
+shapes of bench/RESULTS.md's Liger table (V >= 32,768: the other two rules give more rows)."""
+
 CPU_GRAD_FRACTION = 0.5
 """On CPU a chunk's working set is held to this fraction of the weight gradient ``V x H`` that the
 call returns anyway (``rows x V x bytes_per_logit <= fraction x V x H x element size``): the chunk
@@ -60,7 +67,8 @@ def chunk_rows_for(n_rows: int, V: int, bytes_per_logit: int, device: torch.devi
                    chunk_rows: Optional[int] = None, H: int = 0, element_size: int = 4) -> int:
     """Rows per chunk: ``chunk_rows`` if given; else from ``MOPD_KERNELS_CHUNK_MB`` (a fixed budget
     over the per-row working set); else the device's default -- on CPU sized from the shape
-    (``CPU_GRAD_FRACTION`` of the weight gradient, at least ``CPU_MIN_ROWS``), elsewhere the
+    (``CPU_GRAD_FRACTION`` of the weight gradient, at least ``CPU_MIN_ROWS`` rows and
+    ``CPU_FLOOR_MB`` of logits), elsewhere the
     ``DEFAULT_BUDGET_MB`` budget. Balanced so the chunks of ``n_rows`` have equal size (no small
     tail chunk)."""
     if n_rows <= 0:
@@ -72,7 +80,8 @@ def chunk_rows_for(n_rows: int, V: int, bytes_per_logit: int, device: torch.devi
     if env_mb:
         max_rows = int(float(env_mb) * 2**20) // per_row
     elif device.type == "cpu":
-        max_rows = max(CPU_MIN_ROWS, int(CPU_GRAD_FRACTION * V * H * element_size) // per_row)
+        max_rows = max(CPU_MIN_ROWS, int(CPU_GRAD_FRACTION * V * H * element_size) // per_row,
+                       (CPU_FLOOR_MB << 20) // per_row)
     else:
         max_rows = int(DEFAULT_BUDGET_MB.get(device.type, 512) * 2**20) // per_row
     max_rows = max(1, max_rows)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mopd.kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss
-from mopd.kernels.chunked import CPU_MIN_ROWS, chunk_rows_for
+from mopd.kernels import chunked
+from mopd.kernels.chunked import CPU_FLOOR_MB, CPU_MIN_ROWS, chunk_rows_for
 from mopd.kernels.memtrack import TensorMemoryTracker
 from tests.helpers.kernel_cases import assert_close_grads, make_batch, run_loss
 
@@ -42,8 +43,19 @@ def test_budget_env_and_other_devices_use_a_fixed_budget(monkeypatch):
     assert chunk_rows_for(100_000, 32768, 4, CPU, H=1024, chunk_rows=77) == 77
 
 
-def test_default_chunking_over_several_chunks_matches_the_reference():
-    """T=700 rows, ~520 trained: the default CPU sizing (256 rows) cuts them into 3 chunks."""
+def test_small_vocabularies_stay_in_one_chunk_up_to_the_floor():
+    """The tiny demo's lm head (V=1024, H=128): one chunk for a whole 8,192-token micro-batch, as
+    before the shape-based sizing (its results stay the same bits); past the floor, chunks again."""
+    assert chunk_rows_for(8192, 1024, 4, CPU, H=128, element_size=4) == 8192
+    assert (CPU_FLOOR_MB << 20) // (1024 * 4) == 8192
+    rows = chunk_rows_for(20_000, 1024, 4, CPU, H=128, element_size=4)
+    assert rows <= 8192 and -(-20_000 // rows) == 3
+
+
+def test_default_chunking_over_several_chunks_matches_the_reference(monkeypatch):
+    """T=700 rows, ~520 trained: the default CPU sizing (256 rows, the floor of 32 MiB set aside:
+    V=301 would fit one chunk) cuts them into 3 chunks."""
+    monkeypatch.setattr(chunked, "CPU_FLOOR_MB", 0)
     specs = [RoleSpec("outcome", entropy_coef=0.01, kl_coef=0.1, kl_type="k3"), RoleSpec("opd", kl_coef=0.05)]
     batch = make_batch(700, 8, 301, specs, seed=3)
     assert chunk_rows_for(int((batch.roles >= 0).sum()), 301, 4, CPU, H=8) < int((batch.roles >= 0).sum())
@@ -54,9 +66,11 @@ def test_default_chunking_over_several_chunks_matches_the_reference():
     assert_close_grads(got[2], want[2], 2e-5)
 
 
-def test_default_loss_working_set_is_within_half_the_weight_gradient():
+def test_default_loss_working_set_is_within_half_the_weight_gradient(monkeypatch):
     """Peak extra memory of forward + backward: the two gradients it returns, plus a chunk working
-    set of at most half the weight gradient (and the exp tile)."""
+    set of at most half the weight gradient (and the exp tile). The 32 MiB floor is set aside: at
+    this small shape it alone would set the chunk (512 rows)."""
+    monkeypatch.setattr(chunked, "CPU_FLOOR_MB", 0)
     T, H, V = 1024, 512, 16384
     g = torch.Generator().manual_seed(0)
     h = torch.randn(T, H, generator=g).requires_grad_(True)
