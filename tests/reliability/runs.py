@@ -3,25 +3,9 @@ checkpoint code itself (no trainer, about a second), and a small BM25 index for 
 
 import json
 
-import torch
 
 from mopd.train import checkpoint as ckpt
-
-
-def model_and_optimizer(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
-
-
-def train_a_bit(m, opt, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, m.config.vocab_size, (2, 7), generator=g)
-    m(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
-    opt.zero_grad()
+from tests.helpers.checkpoints import model_and_optimizer, train_a_bit  # noqa: F401 (re-exported)
 
 
 def write_run(run_dir, model_dir, steps=(1, 2, 3)):

@@ -13,23 +13,7 @@ import torch
 
 from mopd.train import checkpoint as ckpt
 from mopd.train.manifest import MANIFEST, verify_checkpoint
-
-
-def _model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    return m, opt
-
-
-def _train_a_bit(m, opt, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, m.config.vocab_size, (2, 7), generator=g)
-    m(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
-    opt.zero_grad()
+from tests.helpers.checkpoints import model_and_optimizer, train_a_bit
 
 
 def _params(m):
@@ -39,10 +23,10 @@ def _params(m):
 @pytest.fixture()
 def run(tiny_model_dir, tmp_path):
     """A run with checkpoints at steps 1, 2, 3 (different weights each); returns (dir, weights per step)."""
-    m, opt = _model(tiny_model_dir)
+    m, opt = model_and_optimizer(tiny_model_dir)
     weights = {}
     for step in (1, 2, 3):
-        _train_a_bit(m, opt, step)
+        train_a_bit(m, opt, step)
         ckpt.save_checkpoint(tmp_path / "run", step, m, opt, {"model_path": tiny_model_dir}, keep=5)
         weights[step] = _params(m)
     return tmp_path / "run", weights
@@ -57,7 +41,7 @@ def _distcp(path):
 
 
 def _load_into_fresh(model_dir, run_dir):
-    m, opt = _model(model_dir)
+    m, opt = model_and_optimizer(model_dir)
     skipped = []
     path, state = ckpt.load_latest(run_dir, m, opt, on_skip=lambda p, why: skipped.append((p.name, why)))
     return m, path, state, skipped
@@ -130,7 +114,7 @@ def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(run, tiny_mod
     run_dir, _ = run
     for n in (1, 2, 3):
         _truncate(_distcp(_step(run_dir, n)))
-    m, opt = _model(tiny_model_dir)
+    m, opt = model_and_optimizer(tiny_model_dir)
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint of .* verifies: step_000003: .*truncated"):
         ckpt.load_latest(run_dir, m, opt)
     with pytest.raises(ckpt.CheckpointError, match="cannot be used"):
@@ -139,7 +123,7 @@ def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(run, tiny_mod
 
 def test_resave_of_an_existing_step_killed_between_renames_keeps_the_old_copy(run, tiny_model_dir, monkeypatch):
     run_dir, weights = run
-    m, opt = _model(tiny_model_dir)
+    m, opt = model_and_optimizer(tiny_model_dir)
     real = os.replace
     calls = []
 
@@ -161,8 +145,8 @@ def test_resave_of_an_existing_step_killed_between_renames_keeps_the_old_copy(ru
 
 def test_resave_replaces_the_step_and_keeps_only_k(run, tiny_model_dir):
     run_dir, _ = run
-    m, opt = _model(tiny_model_dir)
-    _train_a_bit(m, opt, 99)
+    m, opt = model_and_optimizer(tiny_model_dir)
+    train_a_bit(m, opt, 99)
     ckpt.save_checkpoint(run_dir, 3, m, opt, {"model_path": tiny_model_dir}, keep=1)
     assert [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step_000003"]
     m2, _, _, _ = _load_into_fresh(tiny_model_dir, run_dir)
@@ -173,9 +157,9 @@ def test_best_checkpoint_is_kept_beside_the_last_k_and_exported(run, tiny_model_
     run_dir, weights = run
     ckpt.mark_best(run_dir, 1, "val/em", 0.5)
     assert not ckpt.is_new_best(run_dir, 0.4) and ckpt.is_new_best(run_dir, 0.6)
-    m, opt = _model(tiny_model_dir)
+    m, opt = model_and_optimizer(tiny_model_dir)
     for step in (4, 5, 6):
-        _train_a_bit(m, opt, step)
+        train_a_bit(m, opt, step)
         ckpt.save_checkpoint(run_dir, step, m, opt, {"model_path": tiny_model_dir}, keep=2)
     assert [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step_000001", "step_000005", "step_000006"]
     assert ckpt.select_checkpoint(run_dir, "best")[0] == _step(run_dir, 1)
