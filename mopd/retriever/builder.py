@@ -104,6 +104,12 @@ def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress
         if (out / META_FILE).is_file():
             meta = read_meta(out)
             if not overwrite and all(getattr(meta, k) == params[k] for k in same):
+                if meta.corpus_path != params["corpus_path"]:
+                    # The same rows (same fingerprint) at another path: read them from here from now
+                    # on. A shared cache (the bundled index) otherwise keeps the path of whichever
+                    # checkout built it, and loading fails once that checkout is gone.
+                    meta.corpus_path = params["corpus_path"]
+                    write_meta(out, meta)
                 _say(f"{out}: already holds this index ({meta.describe()})", progress)
                 return out
             if not overwrite:

@@ -133,3 +133,20 @@ def test_default_retriever_is_the_bundled_corpus(bundled_rows):
     probes = [0, 999, 2399]
     got = r.search([bundled_rows[i]["contents"] for i in probes], 3)
     assert [g[0].id for g in got] == [bundled_rows[i]["id"] for i in probes]
+
+
+def test_a_cached_index_follows_its_corpus_when_the_first_copy_is_gone(small_corpus, tmp_path):
+    """The bundled index lives in a shared cache and records the corpus path of the checkout that
+    built it; asked again for the same rows from another path, it reads them from there, so it
+    still loads once the first checkout is deleted."""
+    first, second = tmp_path / "a" / "corpus.jsonl", tmp_path / "b" / "corpus.jsonl"
+    for p in (first, second):
+        p.parent.mkdir()
+        shutil.copy(small_corpus, p)
+    out = tmp_path / "cache" / "bm25"
+    build_index(first, out, IndexSpec(index_kind="bm25"))
+    shutil.rmtree(first.parent)
+    assert build_index(second, out, IndexSpec(index_kind="bm25")) == out   # reused, not rebuilt
+    assert json.loads((out / "meta.json").read_text())["corpus_path"] == str(second.resolve())
+    hits = open_retriever(out).search(["the"], k=2)[0]
+    assert len(hits) == 2 and all(h.text for h in hits)
