@@ -11,14 +11,13 @@ says, and the multi-seed summary, are rendered by :mod:`mopd.demo_report`.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from mopd.config import Config, resolve
-from mopd.demo_report import ReportInputs, write_report, write_seed_summary
+from mopd.demo_report import ReportInputs, log as _log, write_report, write_seed_summary
 
 
 @dataclass
@@ -110,10 +109,6 @@ def world_settings(s: "DemoSettings"):
     from mopd.data.tinyworld import parse_world_settings
 
     return parse_world_settings(s.world, seed=s.seed, index_kind=s.index_kind, quick=s.quick)
-
-
-def _log(msg: str) -> None:
-    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _stage_config(preset: str, s: DemoSettings, world, model: str, out: Path, steps: int,

@@ -16,7 +16,8 @@ from typing import Dict, List, Optional
 from mopd.eval.bootstrap import DEFAULT_SEED
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
+    """One timestamped line of the demo's progress on stderr (the pipeline's and the report's)."""
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
@@ -48,7 +49,7 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
     claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
-        _log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
+        log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
              f"[{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}] -> {'holds' if c['holds'] else 'NOT shown'}")
     check = inputs.pi0_check
     if check is not None:
@@ -56,7 +57,7 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
         with report.open("a", encoding="utf-8") as f:
             f.write("\n" + pi0_check_markdown(check))
         if check["weak"]:
-            _log("WARNING: " + check["verdict"])
+            log("WARNING: " + check["verdict"])
     return report
 
 
@@ -126,7 +127,7 @@ def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "
     path = root / "summary.md"
     path.write_text(seed_summary_markdown(summary), encoding="utf-8")
     for c in summary["claims"]:
-        _log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
+        log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
              f"{100 * c['diff']:+.2f} [{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}]")
     return path
 
