@@ -49,14 +49,17 @@ def _register_demo(sub) -> None:
     p = sub.add_parser(
         "demo", help="the whole method end to end on the built-in tiny world (CPU, ~20 minutes)",
         description="Build a tiny search-QA world and its retrieval index, warm-start pi_0 by SFT, train "
-                    "Stage I (C-MAS outcome RL), export it as the teacher, train Stage II (MultiAgent-OPD) "
-                    "from pi_0, evaluate C-MAS base, C-MAS + RL, H-MAS base and MultiAgent-OPD with the "
-                    "paper's protocol (4 attempts, paired question bootstrap) and write a report with plots. "
+                    "Stage I (C-MAS outcome RL), export it as the teacher, train two Stage II arms from pi_0 "
+                    "side by side (MultiAgent-OPD, and the same run without Searcher supervision), evaluate "
+                    "C-MAS base, C-MAS + RL, H-MAS base and both arms with the paper's protocol (4 attempts, "
+                    "paired question bootstrap) and write a report with plots and the claims: OPD's own "
+                    "contribution, MultiAgent-OPD against C-MAS + RL, and the trained-minus-base checks. "
                     "Finished stages are reused, so a second run (or a resumed one) is quick.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed of the world, pi_0 and training (default 0)")
     p.add_argument("--with-ablations", action="store_true",
-                   help="also train the outcome_searcher ablation and report search activity over training")
+                   help="also train the outcome-reward Searcher and base-teacher ablations (read at their last "
+                        "step, as the paper's Table 3) and report search activity over training")
     p.add_argument("--stage1-steps", type=int, default=d.stage1_steps,
                    help=f"Stage I steps (default {d.stage1_steps})")
     p.add_argument("--stage2-steps", type=int, default=d.stage2_steps,
@@ -87,6 +90,11 @@ def _register_demo(sub) -> None:
                         "written to report_dev/) (default test)")
     p.add_argument("--eval-workers", type=int, default=d.eval_workers,
                    help=f"processes for the final evaluations; the records are the same with 1 (default {d.eval_workers})")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help=f"torch threads of pi_0's SFT and Stage I, which run alone (default {d.threads}; "
+                        "results depend on it in the last bits)")
+    p.add_argument("--arm-workers", type=int, default=d.arm_workers,
+                   help=f"Stage II arms trained at once, one thread each (default {d.arm_workers})")
     p.add_argument("--pi0-check-attempts", type=int, default=d.pi0_check_attempts,
                    help=f"workflows per dev question of the pi_0 check, 0 to skip it (default {d.pi0_check_attempts})")
     p.add_argument("--weak-pi0-em", type=float, default=d.weak_pi0_em,
@@ -110,7 +118,8 @@ def _demo(args) -> int:
                          index_kind="bm25" if args.bm25 else "flat", overrides=list(args.overrides),
                          quick=args.quick, world=list(args.world), pi0=list(args.pi0), stage2_questions_per_step=args.stage2_questions,
                          eval_split=args.eval_split, pi0_check_attempts=args.pi0_check_attempts,
-                         weak_pi0_em=args.weak_pi0_em, eval_workers=args.eval_workers)
+                         weak_pi0_em=args.weak_pi0_em, eval_workers=args.eval_workers,
+                         threads=args.threads, arm_workers=args.arm_workers)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.quick:

@@ -848,6 +848,20 @@ def tiny_mopd() -> Config:
 
 
 @preset
+def tiny_no_searcher_supervision() -> Config:
+    """no_searcher_supervision scaled for the built-in tiny world (the demo's primary control: the
+    same Stage II as tiny_mopd, Searcher loss terms 0)."""
+    return _tiny_stage2(no_searcher_supervision(), "tiny_no_searcher_supervision")
+
+
+@preset
 def tiny_outcome_searcher() -> Config:
     """outcome_searcher scaled for the built-in tiny world (the demo's ablation)."""
     return _tiny_stage2(outcome_searcher(), "tiny_outcome_searcher")
+
+
+@preset
+def tiny_base_teacher() -> Config:
+    """base_teacher scaled for the built-in tiny world (the demo's ablation; set teacher.path to
+    pi_0 and reference.path to the Stage-I model)."""
+    return _tiny_stage2(base_teacher(), "tiny_base_teacher")

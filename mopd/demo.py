@@ -1,8 +1,11 @@
 """`mopd demo`: the whole method end to end on the built-in tiny world, on a laptop CPU.
 
-world -> retrieval index -> pi_0 (SFT warm start) -> Stage I (tiny_cmas_rl) -> export as teacher
--> Stage II (tiny_mopd, from pi_0) -> evaluation of C-MAS base, C-MAS + RL, H-MAS base and
-MultiAgent-OPD with the paper's protocol (4 attempts, question bootstrap) -> report with plots.
+world -> retrieval index -> pi_0 (SFT warm start, 2 threads) -> Stage I (tiny_cmas_rl, 2 threads)
+-> export as teacher -> Stage II arms from pi_0, side by side in processes of one thread
+(tiny_mopd and its control tiny_no_searcher_supervision; with ablations also tiny_outcome_searcher
+and tiny_base_teacher), each exported at its last step -> evaluation of C-MAS base, C-MAS + RL,
+H-MAS base and every arm with the paper's protocol (4 attempts, question bootstrap) -> report
+with plots and claims.
 Every step reuses what an earlier run already built in the same directory (world, pi_0, finished
 stages, finished evaluations), so a second run is quick and a killed run resumes. What the report
 says, and the multi-seed summary, are rendered by :mod:`mopd.demo_report`.
@@ -69,6 +72,15 @@ class DemoSettings:
     """Processes for the final evaluations (the four systems, two at a time with 2, on a machine with
     at least 2 cores). Each evaluation is a function of its model, questions and seed, so the records
     are the same with 1 (tested); 2 halves the evaluation's wall time on a 2-core machine."""
+    threads: int = 2
+    """Intra-op threads of the stages that run alone (pi_0's SFT, Stage I); the Stage II arms and
+    the evaluations run one thread each, side by side. A fixed number, not the machine's core count:
+    results depend on it in the last bits (2 threads trained the tiny model 1.7x faster than 1 on
+    the 2-core box, bench/RESULTS.md), so a run is reproducible on any machine."""
+    arm_workers: int = 2
+    """Stage II arms trained at once (processes, one thread each): MultiAgent-OPD and its
+    no-Searcher-supervision control, and with ablations the outcome-reward Searcher and the base
+    teacher. Each arm is a function of its config and seed, so its weights are the same with 1."""
     lockstep: bool = True
     """Roll out (training and evaluation) with the lock-step scheduler, whose engine batches are a
     function of the runs' states, instead of the asynchronous one, whose batches depend on timing:
@@ -85,6 +97,10 @@ class DemoSettings:
             raise ValueError("pi0_check_attempts must be >= 0 (0: no check)")
         if self.eval_workers < 1:
             raise ValueError("eval_workers must be >= 1")
+        if self.arm_workers < 1:
+            raise ValueError("arm_workers must be >= 1")
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1")
         if self.stage2_questions_per_step is not None and self.stage2_questions_per_step < 1:
             raise ValueError("stage2_questions_per_step must be >= 1")
         world_settings(self)  # a bad KEY=VALUE fails here, before anything is built
@@ -112,7 +128,7 @@ def world_settings(s: "DemoSettings"):
 
 
 def _stage_config(preset: str, s: DemoSettings, world, model: str, out: Path, steps: int,
-                  teacher: str = "") -> Config:
+                  teacher: str = "", extra: Optional[List[str]] = None) -> Config:
     o = (QUICK_OVERRIDES if s.quick else []) + [f"model.path={model}", f"data.train={world.train}", f"data.dev={world.dev}",
          "retriever.kind=inprocess", f"retriever.index={world.index}", f"trainer.out_dir={out}",
          f"trainer.steps={steps}", f"trainer.seed={s.seed}", f"rollout.seed={s.seed}"]
@@ -120,7 +136,7 @@ def _stage_config(preset: str, s: DemoSettings, world, model: str, out: Path, st
         o.append(f"teacher.path={teacher}")
         if s.stage2_questions_per_step is not None:
             o.append(f"trainer.questions_per_step={s.stage2_questions_per_step}")
-    return resolve(preset, o + list(s.overrides))
+    return resolve(preset, o + list(extra or []) + list(s.overrides))
 
 
 def _stage_fingerprint(cfg: Config) -> str:
@@ -141,26 +157,33 @@ def _rollout_fn(s: "DemoSettings"):
     return run_workflows
 
 
-def _train_stage(name: str, cfg: Config, retriever, export_dir: Path, rollout_fn=None) -> Path:
-    """Train (resuming a killed run) and export; a finished, exported stage is reused."""
+def _train_stage(name: str, cfg: Config, retriever, export_dir: Path, rollout_fn=None, which: str = "best",
+                 progress: bool = True) -> Path:
+    """Train (resuming a killed run) and export the ``which`` checkpoint (best dev or last); a
+    finished stage exported by the same rule is reused."""
     from mopd.core.reproducible import deterministic_torch
     from mopd.train.trainer import PolicyTrainer
 
     done = export_dir / "config.json"
     marker = Path(cfg.trainer.out_dir) / "DONE"
-    if done.is_file() and marker.is_file() and marker.read_text().strip() == _stage_fingerprint(cfg):
+    fingerprint = f"{_stage_fingerprint(cfg)} {which}"
+    if done.is_file() and marker.is_file() and marker.read_text().strip() == fingerprint:
         _log(f"{name}: reusing {export_dir}")
         return export_dir
     _log(f"{name}: training {cfg.trainer.steps} steps ({cfg.method}) -> {cfg.trainer.out_dir}")
     t0 = time.perf_counter()
     deterministic_torch(max(1, cfg.trainer.cpu_threads))
-    trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn)
+    trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn, progress=progress)
     try:
         trainer.fit()
-        _export_best(name, trainer, export_dir)
+        if which == "best":
+            _export_best(name, trainer, export_dir)
+        else:
+            _log(f"{name}: exporting the last step, {trainer.step}")
+            trainer.export(export_dir, which="last")
     finally:
         trainer.close()
-    marker.write_text(_stage_fingerprint(cfg))
+    marker.write_text(fingerprint)
     _log(f"{name}: done in {time.perf_counter() - t0:.0f}s; exported {export_dir}")
     return export_dir
 
@@ -176,6 +199,89 @@ def _export_best(name: str, trainer, export_dir: Path) -> Path:
     else:
         _log(f"{name}: exporting step {best['step']}, the best dev {best['metric']} ({best['value']:.3f})")
     return trainer.export(export_dir, which="best")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One Stage II run of the comparison: a system of the report, trained from pi_0."""
+
+    name: str
+    """The system's name in the report."""
+    preset: str
+    """Its tiny preset."""
+    dir: str
+    """Its run directory under the demo's."""
+    label: str
+    """Its validation curve's label."""
+
+
+STAGE2_ARMS = [Arm("MultiAgent-OPD", "tiny_mopd", "stage2", "Stage II (MultiAgent-OPD)"),
+               Arm("No Searcher supervision", "tiny_no_searcher_supervision", "stage2_no_searcher_supervision",
+                   "Stage II, no Searcher supervision")]
+"""The primary comparison: the same Stage II (pi_0, teacher, KL reference, seed, questions, steps,
+checkpoint rule) with and without the Searcher's OPD loss."""
+ABLATION_ARMS = [Arm("Outcome Searcher", "tiny_outcome_searcher", "ablation_outcome_searcher",
+                     "Ablation (outcome Searcher)"),
+                 Arm("Base teacher", "tiny_base_teacher", "ablation_base_teacher", "Ablation (base teacher)")]
+"""``--with-ablations``: Table 3's other rows."""
+
+
+def _arm_config(arm: Arm, s: DemoSettings, world, pi0: str, stage1: str, root: Path) -> Config:
+    """The arm's config: Stage II from pi_0 with the Stage-I teacher; the base-teacher ablation
+    distils from pi_0 and keeps the Stage-I model as the Leader's and Answerer's KL reference."""
+    cfg = _stage_config(arm.preset, s, world, pi0, root / arm.dir, s.stage2_steps, teacher=stage1)
+    if not cfg.reference.from_teacher:
+        cfg.teacher.path, cfg.reference.path = pi0, stage1
+    return cfg
+
+
+def _train_arms(arms: List[Arm], cfgs: List[Config], s: DemoSettings, world, retriever, root: Path) -> List[Path]:
+    """Train the Stage II arms, ``s.arm_workers`` at a time (spawned processes, one thread each,
+    each with its own retriever over the world's index), exporting every arm's last step (the
+    paper's Table 3 reads its rows at the last step, where a collapse shows). One progress line
+    per minute while they run."""
+    import multiprocessing
+    import os
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    exports = [root / a.dir / "export" for a in arms]
+    workers = min(s.arm_workers, len(arms), os.cpu_count() or 1)
+    if workers <= 1:
+        return [_train_stage(a.name, c, retriever, e, _rollout_fn(s), which="last")
+                for a, c, e in zip(arms, cfgs, exports)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_train_arm_in_worker, a.name, c, str(e), str(world.index), s)
+                   for a, c, e in zip(arms, cfgs, exports)]
+        while True:
+            done, pending = wait(futures, timeout=60, return_when=FIRST_EXCEPTION)
+            for f in done:
+                f.result()   # re-raises a worker's error here
+            if not pending:
+                break
+            _log("Stage II arms: " + ", ".join(f"{a.name} step {_last_step(root / a.dir)}/{c.trainer.steps}"
+                                               for a, c in zip(arms, cfgs)))
+    return exports
+
+
+def _last_step(run_dir: Path) -> int:
+    """The last step a run's metrics.jsonl logged (0 before the first)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        return int(json.loads(lines[-1]).get("step", 0)) if lines else 0
+    except ValueError:   # a line being written
+        return int(json.loads(lines[-2]).get("step", 0)) if len(lines) > 1 else 0
+
+
+def _train_arm_in_worker(name: str, cfg: Config, export_dir: str, index: str, s: DemoSettings) -> Path:
+    from mopd.config import RetrieverConfig
+    from mopd.retriever import load_retriever
+    from mopd.retriever.memo import QueryMemo
+
+    retriever = QueryMemo(load_retriever(RetrieverConfig(kind="inprocess", index=index)))
+    return _train_stage(name, cfg, retriever, Path(export_dir), _rollout_fn(s), which="last", progress=False)
 
 
 def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s: DemoSettings, out: Path) -> Path:
@@ -222,6 +328,9 @@ def _evaluate_systems(systems, questions, world, retriever, s: DemoSettings, out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    # H-MAS evaluations take about twice as long as C-MAS ones: submitted first, the two workers
+    # finish together (longest job first)
+    jobs = sorted(jobs, key=lambda j: j[2] != "hmas")
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(_evaluate_in_worker, job, questions, str(world.index), s) for job in jobs]
         for f in futures:
@@ -295,7 +404,7 @@ def run_demo(s: DemoSettings) -> Path:
     kw = parse_pi0_settings(s.pi0)
     if s.pi0_steps is not None:
         kw["steps"] = s.pi0_steps
-    kw["threads"] = 1   # small ops: one thread is faster, and robust on a shared machine
+    kw["threads"] = s.threads
     if s.quick:
         kw.update(steps=s.pi0_steps or 3, max_questions=8, attempts=1, episodes_per_step=4)
     deterministic_torch(1)
@@ -309,29 +418,21 @@ def run_demo(s: DemoSettings) -> Path:
         times["pi0_check"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    cfg1 = _stage_config("tiny_cmas_rl", s, world, pi0, root / "stage1", s.stage1_steps)
+    cfg1 = _stage_config("tiny_cmas_rl", s, world, pi0, root / "stage1", s.stage1_steps,
+                         extra=[f"trainer.cpu_threads={s.threads}"])
     stage1 = str(_train_stage("Stage I", cfg1, retriever, root / "stage1" / "export", _rollout_fn(s)))
     times["stage1"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    cfg2 = _stage_config("tiny_mopd", s, world, pi0, root / "stage2", s.stage2_steps, teacher=stage1)
-    stage2 = str(_train_stage("Stage II", cfg2, retriever, root / "stage2" / "export", _rollout_fn(s)))
+    arms = STAGE2_ARMS + (ABLATION_ARMS if s.with_ablations else [])
+    cfgs = [_arm_config(a, s, world, pi0, stage1, root) for a in arms]
+    exports = _train_arms(arms, cfgs, s, world, retriever, root)
     times["stage2"] = time.perf_counter() - t
 
-    systems = [("C-MAS base", pi0, "cmas"), ("C-MAS + RL", stage1, "cmas"), ("H-MAS base", pi0, "hmas"),
-               ("MultiAgent-OPD", stage2, "hmas")]
-    logs = [root / "stage1" / "metrics.jsonl", root / "stage2" / "metrics.jsonl"]
-    labels = ["Stage I (C-MAS + RL)", "Stage II (MultiAgent-OPD)"]
-    if s.with_ablations:
-        t = time.perf_counter()
-        cfg3 = _stage_config("tiny_outcome_searcher", s, world, pi0, root / "ablation_outcome_searcher",
-                             s.stage2_steps, teacher=stage1)
-        abl = str(_train_stage("Ablation (outcome Searcher)", cfg3, retriever,
-                               root / "ablation_outcome_searcher" / "export", _rollout_fn(s)))
-        systems.append(("Outcome Searcher", abl, "hmas"))
-        logs.append(root / "ablation_outcome_searcher" / "metrics.jsonl")
-        labels.append("Ablation (outcome Searcher)")
-        times["ablation"] = time.perf_counter() - t
+    systems = [("C-MAS base", pi0, "cmas"), ("C-MAS + RL", stage1, "cmas"), ("H-MAS base", pi0, "hmas")]
+    systems += [(a.name, str(e), "hmas") for a, e in zip(arms, exports)]
+    logs = [root / "stage1" / "metrics.jsonl"] + [root / a.dir / "metrics.jsonl" for a in arms]
+    labels = ["Stage I (C-MAS + RL)"] + [a.label for a in arms]
 
     # The evaluation split is read here, after every model is final.
     t = time.perf_counter()

@@ -45,21 +45,23 @@ def test_quick_demo_end_to_end(tmp_path):
                 "report/validation.png", "timings.json"):
         assert (out / rel).exists(), rel
     runs = sorted(p.name for p in (out / "eval").iterdir())
-    assert runs == ["c_mas_base", "c_mas_plus_rl", "h_mas_base", "multiagent_opd"]
+    assert runs == ["c_mas_base", "c_mas_plus_rl", "h_mas_base", "multiagent_opd", "no_searcher_supervision"]
     for r in runs:
         lines = (out / "eval" / r / "records.jsonl").read_text().splitlines()
         assert len(lines) == 4 * 2
     metrics = json.loads((out / "report" / "metrics.json").read_text())
     assert all(math.isfinite(v) for v in _numbers(metrics))
-    assert metrics["systems"] == ["C-MAS base", "C-MAS + RL", "H-MAS base", "MultiAgent-OPD"]
-    for stage in ("stage1", "stage2"):
+    assert metrics["systems"] == ["C-MAS base", "C-MAS + RL", "H-MAS base", "MultiAgent-OPD", "No Searcher supervision"]
+    for stage in ("stage1", "stage2", "stage2_no_searcher_supervision"):
         rows = [json.loads(x) for x in (out / stage / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [0, 1, 2]
         for r in rows:
             for k, v in r.items():
                 assert not isinstance(v, str) or k == "time", (stage, k, v)   # non-finite values are logged as strings
     claims = json.loads((out / "report" / "claims.json").read_text())
-    assert [(c["trained"], c["base"]) for c in claims] == [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
+    assert [(c["trained"], c["base"]) for c in claims] == [
+        ("MultiAgent-OPD", "No Searcher supervision"), ("MultiAgent-OPD", "C-MAS + RL"),
+        ("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
     for c in claims:
         lo, hi = c["ci"]
         assert math.isfinite(c["diff"]) and lo <= c["diff"] <= hi and c["holds"] == (lo > 0)

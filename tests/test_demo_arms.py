@@ -1,0 +1,84 @@
+"""The demo's Stage II arms: a controlled comparison (only the Searcher's loss differs), trained
+side by side with the same weights as one after the other, read at their last step."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mopd.config import to_yaml
+from mopd.demo import ABLATION_ARMS, STAGE2_ARMS, DemoSettings, _arm_config
+
+
+class _World:
+    train, dev, index = Path("/w/train.jsonl"), Path("/w/dev.jsonl"), Path("/w/index")
+
+
+def _flat(cfg) -> dict:
+    import yaml
+
+    out = {}
+
+    def walk(node, prefix=""):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(yaml.safe_load(to_yaml(cfg)))
+    return out
+
+
+def test_primary_arms_differ_only_in_the_searchers_loss(tmp_path):
+    s = DemoSettings(out=str(tmp_path), seed=3, overrides=["trainer.lr=7e-4"])
+    opd, control = (_flat(_arm_config(a, s, _World, "/m/pi0", "/m/stage1", tmp_path)) for a in STAGE2_ARMS)
+    differ = sorted(k for k in opd.keys() | control.keys() if opd.get(k) != control.get(k))
+    assert all(k in ("method", "description", "trainer.out_dir") or k.startswith("algo.roles.searcher.")
+               for k in differ), differ
+    assert opd["algo.roles.searcher.advantage"] == "opd" and control["algo.roles.searcher.pg_coef"] == 0.0
+    for c in (opd, control):   # same start, teacher, KL reference, seed, lr override, steps
+        assert c["model.path"] == "/m/pi0" and c["teacher.path"] == "/m/stage1"
+        assert c["trainer.seed"] == 3 and c["rollout.seed"] == 3 and c["trainer.lr"] == 7e-4
+        assert c["trainer.steps"] == s.stage2_steps and c["trainer.cpu_threads"] == 1
+
+
+def test_base_teacher_arm_distils_from_pi0_with_stage1_as_reference(tmp_path):
+    s = DemoSettings(out=str(tmp_path))
+    arm = next(a for a in ABLATION_ARMS if a.preset == "tiny_base_teacher")
+    cfg = _arm_config(arm, s, _World, "/m/pi0", "/m/stage1", tmp_path)
+    assert cfg.teacher.path == "/m/pi0" and cfg.reference_path() == "/m/stage1"
+
+
+def test_settings_refuse_zero_workers_or_threads(tmp_path):
+    for kw in ({"arm_workers": 0}, {"threads": 0}):
+        with pytest.raises(ValueError):
+            DemoSettings(out=str(tmp_path), **kw)
+
+
+@pytest.mark.slow
+def test_arms_side_by_side_equal_arms_one_after_the_other(tmp_path):
+    """Two worker processes give every arm the weights one process gives it, and each arm is
+    exported at its last step."""
+    from safetensors.torch import load_file
+
+    from mopd.demo import run_demo
+
+    a = tmp_path / "a"
+    s = DemoSettings(out=str(a), quick=True, stage1_steps=1, stage2_steps=2, test_questions=2, attempts=1,
+                     bootstrap_draws=50, pi0_check_attempts=0)
+    run_demo(s)
+    side_by_side = {}
+    for arm in STAGE2_ARMS:
+        side_by_side[arm.name] = load_file(a / arm.dir / "export" / "model.safetensors")
+        exported = json.loads((a / arm.dir / "export" / "mopd_export.json").read_text())
+        assert exported["step"] == 2, (arm.name, exported)
+        shutil.rmtree(a / arm.dir)   # this run's own directories: trained again, one after the other
+    run_demo(dataclasses.replace(s, arm_workers=1))
+    for arm in STAGE2_ARMS:
+        w = load_file(a / arm.dir / "export" / "model.safetensors")
+        ref = side_by_side[arm.name]
+        assert w.keys() == ref.keys() and all(torch.equal(w[k], ref[k]) for k in w), arm.name
