@@ -38,19 +38,20 @@ class ReportInputs:
 
 
 def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
-    """report.md with its plots and metrics (``mopd eval report``'s), claims.json, and the pi_0
-    check; returns the report's path."""
+    """report.md with its plots and metrics (``mopd eval report``'s) and the claims at its top,
+    claims.json, and the pi_0 check; returns the report's path."""
     from mopd.eval.report import ReportOptions, report_runs
 
+    claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
     title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if inputs.dev else "")
     report = report_runs(runs, report_dir, ReportOptions(
         names=names, reference="MultiAgent-OPD", draws=inputs.draws, seed=DEFAULT_SEED,
-        validation_logs=inputs.logs, validation_labels=inputs.labels, title=title))
-    claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
+        validation_logs=inputs.logs, validation_labels=inputs.labels, title=title,
+        top_sections=claims_markdown(claims)))
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
-        log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
-             f"[{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}] -> {'holds' if c['holds'] else 'NOT shown'}")
+        log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {_interval(c)} -> "
+            f"{VERDICT_TEXT[c['verdict']]}" + (" (holds)" if c["holds"] else " (does NOT hold)"))
     check = inputs.pi0_check
     if check is not None:
         (report_dir / "pi0_check.json").write_text(json.dumps(check, indent=2))
@@ -61,26 +62,107 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
     return report
 
 
-CLAIMS = [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
-"""The paper's two claims the demo checks: Stage I beats its base, MultiAgent-OPD beats H-MAS base."""
+@dataclass(frozen=True)
+class Claim:
+    """One difference the demo checks: ``trained`` minus ``base``, strict macro avg@K."""
+
+    kind: str
+    """primary (what the method adds), headline (the paper's main comparison), check (training
+    works: a trained system against its own start), ablation (the method against a variant)."""
+    label: str
+    """What the difference measures, in words."""
+    trained: str
+    """The system whose score comes first (the method, or the trained system)."""
+    base: str
+    """The system subtracted."""
+
+
+CLAIMS = [
+    Claim("primary", "OPD's own contribution (Table 3's control: Stage II with the Searcher's loss at 0)",
+          "MultiAgent-OPD", "No Searcher supervision"),
+    Claim("headline", "the paper's headline comparison", "MultiAgent-OPD", "C-MAS + RL"),
+    Claim("check", "Stage I training works", "C-MAS + RL", "C-MAS base"),
+    Claim("check", "Stage II training works", "MultiAgent-OPD", "H-MAS base"),
+    Claim("ablation", "against the outcome-reward Searcher (read at its last step)", "MultiAgent-OPD",
+          "Outcome Searcher"),
+    Claim("ablation", "against OPD from the base model pi_0 (read at its last step)", "MultiAgent-OPD",
+          "Base teacher"),
+]
+"""The claims, in the order the report, claims.json and the README list them; a claim whose two
+systems are not both among the evaluated runs is left out."""
+
+VERDICT_TEXT = {"above": "above 0", "below": "below 0", "indistinguishable": "not distinguishable from 0"}
+"""How the report says where a difference's 95% interval lies."""
+
+
+def verdict(ci) -> str:
+    """above / below when the whole 95% interval is on one side of 0, else indistinguishable."""
+    lo, hi = ci
+    return "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"
+
+
+def claim_name(c: dict) -> str:
+    return f"{c['trained']} minus {c['base']}"
+
+
+def with_claim_fields(c: dict) -> dict:
+    """A claims.json record with kind, label and verdict: a record written before they existed
+    (trained, base, diff, ci, holds only) gets those of the claim with its two systems, or kind
+    "claim" and its systems as label when no claim has them."""
+    out = dict(c)
+    known = next((k for k in CLAIMS if (k.trained, k.base) == (c["trained"], c["base"])), None)
+    out.setdefault("kind", known.kind if known else "claim")
+    out.setdefault("label", known.label if known else claim_name(c))
+    out.setdefault("verdict", verdict(c["ci"]))
+    return out
 
 
 def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) -> List[dict]:
-    """Paired question-bootstrap difference of strict macro avg@K for each claim: the trained system
-    minus its base, with its 95% interval; a claim holds when the whole interval is above 0."""
+    """Paired question-bootstrap difference of strict macro avg@K for each claim of ``CLAIMS``
+    whose systems are both in ``runs``, in that order: trained minus base, its 95% interval and
+    verdict; a claim holds when the whole interval is above 0."""
     from mopd.eval.report import load_runs
     from mopd.eval.summary import summarize
 
     out = []
-    for trained, base in CLAIMS:
+    for claim in CLAIMS:
+        trained, base = claim.trained, claim.base
+        if trained not in runs or base not in runs:
+            continue
         pair = load_runs([runs[base], runs[trained]], [base, trained])
         summary = summarize(pair, reference=trained, draws=draws, seed=seed)
         k = summary["metric_names"]["avg"]
         row = summary["accuracy"]["strict"][base]["macro"][k]
-        out.append({"trained": trained, "base": base, "metric": k, "diff": row["diff_vs_reference"],
-                    "ci": list(row["diff_ci"]), "holds": bool(row["diff_ci"][0] > 0),
+        ci = list(row["diff_ci"])
+        out.append({"kind": claim.kind, "label": claim.label, "trained": trained, "base": base, "metric": k,
+                    "diff": row["diff_vs_reference"], "ci": ci, "holds": bool(ci[0] > 0), "verdict": verdict(ci),
                     "questions": claim_questions(pair)})
     return out
+
+
+def _interval(c: dict) -> str:
+    return f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
+
+
+def claims_table(claims: List[dict]) -> str:
+    """The claims in order: kind, what is compared, the difference with its interval, the verdict
+    (records of older runs get their kind and label by :func:`with_claim_fields`)."""
+    rows = ["| # | kind | claim | difference [95% interval] | verdict |", "|---|---|---|---|---|"]
+    for i, c in enumerate(with_claim_fields(c) for c in claims):
+        rows.append(f"| {i + 1} | {c['kind']} | {claim_name(c)}: {c['label']} | **{_interval(c)}** | "
+                    f"{VERDICT_TEXT[c['verdict']]}" + (" (holds)" if c["holds"] else "") + " |")
+    return "\n".join(rows)
+
+
+def claims_markdown(claims: List[dict]) -> str:
+    """The report's Claims section."""
+    metric = claims[0]["metric"] if claims else "avg@K"
+    return "\n".join([
+        "## Claims", "",
+        (f"Strict macro {metric}, trained (first) minus base system, in points; 95% interval of the paired "
+         "question bootstrap. A claim holds when its whole interval is above 0; every claim is listed "
+         "whatever its sign."), "",
+        claims_table(claims) if claims else "No claim's two systems were both evaluated."]) + "\n"
 
 
 def claim_questions(pair) -> List[dict]:
