@@ -188,9 +188,28 @@ def pi0_check_markdown(check: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+DECOMPOSITION_DATASET = "tiny_compare"
+"""The question type on which the seed summary shows how often the Leader splits a question."""
+
+
+def decomposition(metrics: dict, dataset: str = DECOMPOSITION_DATASET) -> Optional[dict]:
+    """From a report's metrics.json: on ``dataset``, the fraction of workflows whose Leader delegated
+    two or more subtasks (in all, and in one output) for MultiAgent-OPD and H-MAS base; None when
+    the report has no role activity or no such dataset (an older or partial run)."""
+    act = metrics.get("activity", {})
+    out = {"dataset": dataset}
+    for system in ("MultiAgent-OPD", "H-MAS base"):
+        row = act.get(system, {}).get("per_dataset", {}).get(dataset)
+        if row is not None and row.get("multi_subtask") is not None:
+            out[system] = {k: row[k] for k in ("multi_subtask", "multi_subtask_one_wave")}
+    return out if "MultiAgent-OPD" in out else None
+
+
 def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "test") -> Path:
-    """summary.json and summary.md of finished seed runs under ``root``: per claim, on how many
-    seeds it holds and the pooled effect with a bootstrap over seeds and questions."""
+    """summary.json and summary.md of finished seed runs under ``root``: per claim (in ``CLAIMS``'s
+    order; claims.json of older runs, without kind and label, get them from their systems), on how
+    many seeds it holds and the pooled effect with a bootstrap over seeds and questions; per seed,
+    how often the trained Leader splits a ``DECOMPOSITION_DATASET`` question."""
     from mopd.eval.seeds import summarize_seeds
 
     root = Path(root)
@@ -198,19 +217,24 @@ def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "
     per_seed = {}
     for n in seeds:
         d = root / f"seed{n}"
-        entry = {"claims": json.loads((d / report / "claims.json").read_text())}
+        entry = {"claims": [with_claim_fields(c) for c in json.loads((d / report / "claims.json").read_text())]}
         for name, rel in (("timings", "timings.json"), ("pi0_check", f"{report}/pi0_check.json")):
             if (d / rel).is_file():
                 entry[name] = json.loads((d / rel).read_text())
+        metrics = d / report / "metrics.json"
+        split_rate = decomposition(json.loads(metrics.read_text())) if metrics.is_file() else None
+        if split_rate is not None:
+            entry["decomposition"] = split_rate
         per_seed[n] = entry
-    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED)
+    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED, order=[(c.trained, c.base) for c in CLAIMS])
     summary["split"] = split
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     path = root / "summary.md"
     path.write_text(seed_summary_markdown(summary), encoding="utf-8")
     for c in summary["claims"]:
-        log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
-             f"{100 * c['diff']:+.2f} [{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}]")
+        c = with_claim_fields(c)
+        log(f"{c['kind']}: {claim_name(c)}: holds on {c['held']} of {c['seeds']} seeds; pooled {_interval(c)} "
+            f"({VERDICT_TEXT[c['verdict']]})")
     return path
 
 
@@ -218,25 +242,46 @@ def _pp(x: float) -> str:
     return f"{100 * x:+.2f}"
 
 
+SHORT_VERDICT = {"below": " (below 0)", "indistinguishable": " (not distinguishable from 0)"}
+"""The mark of a claim that does not hold on a seed."""
+
+
 def seed_summary_markdown(summary: dict) -> str:
     """The multi-seed tables: per seed, then per claim pooled (both rendered into README.md)."""
     lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
              seed_table(summary), "", pooled_table(summary), "",
-             f"Pooled: the mean over seeds of each seed's macro avg@4 difference; interval: "
-             f"{summary['draws']:,} draws resampling seeds, then each drawn seed's questions within each "
-             "dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when that seed's "
-             "question-bootstrap interval lies above 0."]
+             f"Per seed: each claim's {summary['claims'][0]['metric'] if summary['claims'] else 'avg@K'} "
+             "difference with its question-bootstrap interval, marked where it does not hold (n/a: that "
+             "seed did not evaluate the claim's systems). Pooled: the mean over seeds of each seed's macro "
+             f"difference; interval: {summary['draws']:,} draws resampling seeds, then each drawn seed's "
+             "questions within each dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when "
+             "that seed's question-bootstrap interval lies above 0."]
     return "\n".join(lines) + "\n"
 
 
+def _decomposition_cell(e: dict) -> str:
+    d = e.get("decomposition")
+    if d is None:
+        return "n/a"
+    r = d["MultiAgent-OPD"]
+    return f"{100 * r['multi_subtask']:.1f}% ({100 * r['multi_subtask_one_wave']:.1f}% in one output)"
+
+
 def seed_table(summary: dict) -> str:
-    head = ["seed"] + [f"{c['trained']} minus {c['base']}" for c in summary["claims"]] + ["pi_0 dev EM", "demo time"]
+    """A row per seed: a column per claim in the summary's order (a failing one marked, n/a where the
+    seed lacks it), the trained Leader's 2+-subtask rate on the comparison questions, pi_0's dev EM
+    and the demo's time. Reads summaries written before claims had kinds."""
+    claims = [with_claim_fields(c) for c in summary["claims"]]
+    head = (["seed"] + [f"{c['kind']}: {claim_name(c)}" for c in claims]
+            + [f"MultiAgent-OPD Leader 2+ subtasks on {DECOMPOSITION_DATASET}", "pi_0 dev EM", "demo time"])
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n, e in summary["per_seed"].items():
         cells = [str(n)]
-        for c in e["claims"]:
-            cells.append(f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
-                         + ("" if c["holds"] else " (not shown)"))
+        have = {(c["trained"], c["base"]): with_claim_fields(c) for c in e["claims"]}
+        for claim in claims:
+            c = have.get((claim["trained"], claim["base"]))
+            cells.append("n/a" if c is None else _interval(c) + ("" if c["holds"] else SHORT_VERDICT[c["verdict"]]))
+        cells.append(_decomposition_cell(e))
         chk = e.get("pi0_check")
         cells.append("n/a" if chk is None else f"{chk['em']:.3f}" + (" (weak)" if chk["weak"] else ""))
         tot = e.get("timings", {}).get("total")
@@ -246,8 +291,10 @@ def seed_table(summary: dict) -> str:
 
 
 def pooled_table(summary: dict) -> str:
-    rows = ["| claim | holds on | pooled avg@4 difference |", "|---|---|---|"]
-    for c in summary["claims"]:
-        rows.append(f"| {c['trained']} minus {c['base']} | {c['held']} of {c['seeds']} seeds | "
-                    f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}] |")
+    """A row per claim: its kind, on how many seeds it holds, the pooled difference and verdict."""
+    metric = summary["claims"][0]["metric"] if summary["claims"] else "avg@K"
+    rows = [f"| kind | claim | holds on | pooled {metric} difference | verdict |", "|---|---|---|---|---|"]
+    for c in (with_claim_fields(c) for c in summary["claims"]):
+        rows.append(f"| {c['kind']} | {claim_name(c)} | {c['held']} of {c['seeds']} seeds | {_interval(c)} | "
+                    f"{VERDICT_TEXT[c['verdict']]} |")
     return "\n".join(rows)

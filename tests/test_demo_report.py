@@ -6,7 +6,8 @@ import json
 import pytest
 
 from mopd.core.records import Event, WorkflowRecord, write_records
-from mopd.demo_report import CLAIMS, ReportInputs, check_claims, claims_table, verdict, write_report
+from mopd.demo_report import (CLAIMS, ReportInputs, check_claims, claims_table, verdict, with_claim_fields,
+                              write_report)
 
 BASE = [0, 1, 2, 1, 0, 2, 1, 2]
 """Correct attempts (of 4) per question of the base systems; questions alternate two datasets."""
@@ -114,3 +115,56 @@ def test_claims_table_labels_records_written_before_kinds_existed():
     assert rows == ["| 1 | check | C-MAS + RL minus C-MAS base: Stage I training works | **+35.00 [+30.00, +40.00]** | "
                     "above 0 (holds) |",
                     "| 2 | claim | X minus Y: X minus Y | **-1.00 [-5.00, +3.00]** | not distinguishable from 0 |"]
+
+
+def _claim(trained, base, diff, ci, n=6, new=True):
+    qs = [{"dataset": "tiny_compare" if i % 2 else "tiny_1hop", "id": f"q{i}", "base": 0.25, "trained": 0.25 + diff}
+          for i in range(n)]
+    c = {"trained": trained, "base": base, "metric": "avg@4", "diff": diff, "ci": ci, "holds": ci[0] > 0,
+         "questions": qs}
+    return with_claim_fields(c) if new else c
+
+
+def _seed_dir(root, n, claims, activity=None):
+    d = root / f"seed{n}" / "report"
+    d.mkdir(parents=True)
+    (d / "claims.json").write_text(json.dumps(claims))
+    if activity is not None:
+        (d / "metrics.json").write_text(json.dumps({"activity": activity}))
+    (root / f"seed{n}" / "timings.json").write_text(json.dumps({"total": 60.0 * n}))
+
+
+def test_seed_summary_reads_older_claims_and_shows_every_claim_in_order(tmp_path):
+    from mopd.demo_report import write_seed_summary
+
+    # seed 1: an older run (claims.json without kind/label, no role activity in metrics.json)
+    _seed_dir(tmp_path, 1, [_claim("C-MAS + RL", "C-MAS base", 0.3, [0.25, 0.35], new=False),
+                            _claim("MultiAgent-OPD", "H-MAS base", 0.2, [0.15, 0.25], new=False)])
+    # seed 2: the new claims, the primary and the headline failing
+    act = {"MultiAgent-OPD": {"per_dataset": {"tiny_compare": {"multi_subtask": 0.8125, "multi_subtask_one_wave": 0.5}}},
+           "H-MAS base": {"per_dataset": {"tiny_compare": {"multi_subtask": 0.25, "multi_subtask_one_wave": 0.125}}}}
+    _seed_dir(tmp_path, 2, [_claim("MultiAgent-OPD", "No Searcher supervision", 0.01, [-0.02, 0.04]),
+                            _claim("MultiAgent-OPD", "C-MAS + RL", -0.1, [-0.15, -0.05]),
+                            _claim("C-MAS + RL", "C-MAS base", 0.2, [0.1, 0.3]),
+                            _claim("MultiAgent-OPD", "H-MAS base", 0.1, [0.05, 0.15])], activity=act)
+    path = write_seed_summary(tmp_path, [1, 2], draws=100)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(c["kind"], c["base"], c["seeds"], c["held"]) for c in summary["claims"]] == [
+        ("primary", "No Searcher supervision", 1, 0), ("headline", "C-MAS + RL", 1, 0),
+        ("check", "C-MAS base", 2, 2), ("check", "H-MAS base", 2, 2)]
+    assert summary["claims"][2]["diff"] == pytest.approx(0.25)         # the mean of 0.3 and 0.2
+    assert summary["per_seed"]["2"]["decomposition"] == {
+        "dataset": "tiny_compare", "MultiAgent-OPD": {"multi_subtask": 0.8125, "multi_subtask_one_wave": 0.5},
+        "H-MAS base": {"multi_subtask": 0.25, "multi_subtask_one_wave": 0.125}}
+    assert "decomposition" not in summary["per_seed"]["1"]
+    md = path.read_text()
+    lines = md.splitlines()
+    head = next(line for line in lines if line.startswith("| seed |"))
+    assert head == ("| seed | primary: MultiAgent-OPD minus No Searcher supervision | headline: MultiAgent-OPD minus "
+                    "C-MAS + RL | check: C-MAS + RL minus C-MAS base | check: MultiAgent-OPD minus H-MAS base | "
+                    "MultiAgent-OPD Leader 2+ subtasks on tiny_compare | pi_0 dev EM | demo time |")
+    assert "| 1 | n/a | n/a | +30.00 [+25.00, +35.00] | +20.00 [+15.00, +25.00] | n/a | n/a | 1.0 min |" in lines
+    assert ("| 2 | +1.00 [-2.00, +4.00] (not distinguishable from 0) | -10.00 [-15.00, -5.00] (below 0) | "
+            "+20.00 [+10.00, +30.00] | +10.00 [+5.00, +15.00] | 81.2% (50.0% in one output) | n/a | 2.0 min |") in lines
+    assert "| headline | MultiAgent-OPD minus C-MAS + RL | 0 of 1 seeds | -10.00 [-10.00, -10.00] | below 0 |" in lines
+    assert "| check | C-MAS + RL minus C-MAS base | 2 of 2 seeds | +25.00 [+20.00, +30.00] | above 0 |" in lines
