@@ -168,3 +168,23 @@ def test_seed_summary_reads_older_claims_and_shows_every_claim_in_order(tmp_path
             "+20.00 [+10.00, +30.00] | +10.00 [+5.00, +15.00] | 81.2% (50.0% in one output) | n/a | 2.0 min |") in lines
     assert "| headline | MultiAgent-OPD minus C-MAS + RL | 0 of 1 seeds | -10.00 [-10.00, -10.00] | below 0 |" in lines
     assert "| check | C-MAS + RL minus C-MAS base | 2 of 2 seeds | +25.00 [+20.00, +30.00] | above 0 |" in lines
+
+
+def test_seed_summary_of_the_committed_older_seed_reports(tmp_path):
+    """docs/demo_seeds/seedN as committed before claims had kinds (and metrics.json had role
+    activity): summarised without error, labelled from their systems, the Leader rate n/a."""
+    import shutil
+    from pathlib import Path
+
+    from mopd.demo_report import write_seed_summary
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "demo_seeds"
+    for n in (1, 2):
+        (tmp_path / f"seed{n}" / "report").mkdir(parents=True)
+        for name in ("claims.json", "metrics.json"):
+            shutil.copy2(docs / f"seed{n}" / name, tmp_path / f"seed{n}" / "report" / name)
+    md = write_seed_summary(tmp_path, [1, 2], draws=50).read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(c["kind"], c["label"]) for c in summary["claims"]] == [("check", "Stage I training works"),
+                                                                      ("check", "Stage II training works")]
+    assert "| 1 | +30.87 [+26.63, +35.00] | +22.50 [+18.50, +26.63] | n/a | n/a | n/a |" in md

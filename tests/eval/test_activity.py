@@ -4,7 +4,6 @@ import pytest
 
 from mopd.core.records import AgentCall, Event, WorkflowRecord
 from mopd.eval.activity import ACTIVITY_FIELDS, record_activity
-from mopd.eval.loading import load_runs
 from mopd.eval.report import write_report
 from mopd.eval.summary import summarize
 
