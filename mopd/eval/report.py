@@ -124,9 +124,10 @@ def render_markdown(summary: dict, title: str = "Evaluation report", top_section
     if summary.get("collapse"):
         parts += ["## Search collapse over checkpoints (pooled over workflows)", "",
                   tables.collapse_markdown(summary["collapse"]), ""]
-    if summary.get("validation") or "validation" in figs:
+    has_rows = any(summary.get("validation", {}).values())
+    if has_rows or "validation" in figs:
         parts += ["## Validation over training (dev split)", ""]
-        if summary.get("validation"):
+        if has_rows:
             parts += [("Every validation of each training run, from its metrics.jsonl (step 0 is the starting "
                        "model). A Searcher that collapses into not searching shows as the no-search fraction "
                        "rising towards 100%."), "", tables.validation_tables(summary["validation"]), ""]

@@ -124,3 +124,14 @@ def test_validation_table_lists_every_validation_of_every_run(tmp_path):
     assert "| 0 | 50.0 |  |" in part and "| 5 | 62.5 | 25.0 |" in part and "| 10 |  | 37.5 |" in part
     assert "| 5 | 12.5 | 75.0 |" in part and "| 10 |  |  |" in part        # no-search: the nan is blank
     assert "| 0 | 1.12 |  |" in part and "| 5 | 1.88 | 0.50 |" in part    # searches per workflow
+
+
+def test_validation_section_is_left_out_when_no_log_validated(tmp_path):
+    from mopd.eval.report import render_markdown, validation_rows
+
+    log = tmp_path / "m.jsonl"
+    log.write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
+    summary = summarize({"S": [make_record("q1", "nq", 0, right())]}, draws=10)
+    summary["validation"] = validation_rows([log], ["run"])
+    assert summary["validation"] == {"run": []}
+    assert "## Validation over training" not in render_markdown(summary)
