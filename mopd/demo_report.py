@@ -38,19 +38,20 @@ class ReportInputs:
 
 
 def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
-    """report.md with its plots and metrics (``mopd eval report``'s), claims.json, and the pi_0
-    check; returns the report's path."""
+    """report.md with its plots and metrics (``mopd eval report``'s) and the claims at its top,
+    claims.json, and the pi_0 check; returns the report's path."""
     from mopd.eval.report import ReportOptions, report_runs
 
+    claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
     title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if inputs.dev else "")
     report = report_runs(runs, report_dir, ReportOptions(
         names=names, reference="MultiAgent-OPD", draws=inputs.draws, seed=DEFAULT_SEED,
-        validation_logs=inputs.logs, validation_labels=inputs.labels, title=title))
-    claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
+        validation_logs=inputs.logs, validation_labels=inputs.labels, title=title,
+        top_sections=claims_markdown(claims)))
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
-        log(f"claim {c['trained']} > {c['base']}: avg@4 {100 * c['diff']:+.2f} "
-             f"[{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}] -> {'holds' if c['holds'] else 'NOT shown'}")
+        log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {_interval(c)} -> "
+            f"{VERDICT_TEXT[c['verdict']]}" + (" (holds)" if c["holds"] else " (does NOT hold)"))
     check = inputs.pi0_check
     if check is not None:
         (report_dir / "pi0_check.json").write_text(json.dumps(check, indent=2))
@@ -61,26 +62,107 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
     return report
 
 
-CLAIMS = [("C-MAS + RL", "C-MAS base"), ("MultiAgent-OPD", "H-MAS base")]
-"""The paper's two claims the demo checks: Stage I beats its base, MultiAgent-OPD beats H-MAS base."""
+@dataclass(frozen=True)
+class Claim:
+    """One difference the demo checks: ``trained`` minus ``base``, strict macro avg@K."""
+
+    kind: str
+    """primary (what the method adds), headline (the paper's main comparison), check (training
+    works: a trained system against its own start), ablation (the method against a variant)."""
+    label: str
+    """What the difference measures, in words."""
+    trained: str
+    """The system whose score comes first (the method, or the trained system)."""
+    base: str
+    """The system subtracted."""
+
+
+CLAIMS = [
+    Claim("primary", "OPD's own contribution (Table 3's control: Stage II with the Searcher's loss at 0)",
+          "MultiAgent-OPD", "No Searcher supervision"),
+    Claim("headline", "the paper's headline comparison", "MultiAgent-OPD", "C-MAS + RL"),
+    Claim("check", "Stage I training works", "C-MAS + RL", "C-MAS base"),
+    Claim("check", "Stage II training works", "MultiAgent-OPD", "H-MAS base"),
+    Claim("ablation", "against the outcome-reward Searcher (read at its last step)", "MultiAgent-OPD",
+          "Outcome Searcher"),
+    Claim("ablation", "against OPD from the base model pi_0 (read at its last step)", "MultiAgent-OPD",
+          "Base teacher"),
+]
+"""The claims, in the order the report, claims.json and the README list them; a claim whose two
+systems are not both among the evaluated runs is left out."""
+
+VERDICT_TEXT = {"above": "above 0", "below": "below 0", "indistinguishable": "not distinguishable from 0"}
+"""How the report says where a difference's 95% interval lies."""
+
+
+def verdict(ci) -> str:
+    """above / below when the whole 95% interval is on one side of 0, else indistinguishable."""
+    lo, hi = ci
+    return "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"
+
+
+def claim_name(c: dict) -> str:
+    return f"{c['trained']} minus {c['base']}"
+
+
+def with_claim_fields(c: dict) -> dict:
+    """A claims.json record with kind, label and verdict: a record written before they existed
+    (trained, base, diff, ci, holds only) gets those of the claim with its two systems, or kind
+    "claim" and its systems as label when no claim has them."""
+    out = dict(c)
+    known = next((k for k in CLAIMS if (k.trained, k.base) == (c["trained"], c["base"])), None)
+    out.setdefault("kind", known.kind if known else "claim")
+    out.setdefault("label", known.label if known else claim_name(c))
+    out.setdefault("verdict", verdict(c["ci"]))
+    return out
 
 
 def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) -> List[dict]:
-    """Paired question-bootstrap difference of strict macro avg@K for each claim: the trained system
-    minus its base, with its 95% interval; a claim holds when the whole interval is above 0."""
+    """Paired question-bootstrap difference of strict macro avg@K for each claim of ``CLAIMS``
+    whose systems are both in ``runs``, in that order: trained minus base, its 95% interval and
+    verdict; a claim holds when the whole interval is above 0."""
     from mopd.eval.report import load_runs
     from mopd.eval.summary import summarize
 
     out = []
-    for trained, base in CLAIMS:
+    for claim in CLAIMS:
+        trained, base = claim.trained, claim.base
+        if trained not in runs or base not in runs:
+            continue
         pair = load_runs([runs[base], runs[trained]], [base, trained])
         summary = summarize(pair, reference=trained, draws=draws, seed=seed)
         k = summary["metric_names"]["avg"]
         row = summary["accuracy"]["strict"][base]["macro"][k]
-        out.append({"trained": trained, "base": base, "metric": k, "diff": row["diff_vs_reference"],
-                    "ci": list(row["diff_ci"]), "holds": bool(row["diff_ci"][0] > 0),
+        ci = list(row["diff_ci"])
+        out.append({"kind": claim.kind, "label": claim.label, "trained": trained, "base": base, "metric": k,
+                    "diff": row["diff_vs_reference"], "ci": ci, "holds": bool(ci[0] > 0), "verdict": verdict(ci),
                     "questions": claim_questions(pair)})
     return out
+
+
+def _interval(c: dict) -> str:
+    return f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
+
+
+def claims_table(claims: List[dict]) -> str:
+    """The claims in order: kind, what is compared, the difference with its interval, the verdict
+    (records of older runs get their kind and label by :func:`with_claim_fields`)."""
+    rows = ["| # | kind | claim | difference [95% interval] | verdict |", "|---|---|---|---|---|"]
+    for i, c in enumerate(with_claim_fields(c) for c in claims):
+        rows.append(f"| {i + 1} | {c['kind']} | {claim_name(c)}: {c['label']} | **{_interval(c)}** | "
+                    f"{VERDICT_TEXT[c['verdict']]}" + (" (holds)" if c["holds"] else "") + " |")
+    return "\n".join(rows)
+
+
+def claims_markdown(claims: List[dict]) -> str:
+    """The report's Claims section."""
+    metric = claims[0]["metric"] if claims else "avg@K"
+    return "\n".join([
+        "## Claims", "",
+        (f"Strict macro {metric}, trained (first) minus base system, in points; 95% interval of the paired "
+         "question bootstrap. A claim holds when its whole interval is above 0; every claim is listed "
+         "whatever its sign."), "",
+        claims_table(claims) if claims else "No claim's two systems were both evaluated."]) + "\n"
 
 
 def claim_questions(pair) -> List[dict]:
@@ -106,9 +188,28 @@ def pi0_check_markdown(check: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+DECOMPOSITION_DATASET = "tiny_compare"
+"""The question type on which the seed summary shows how often the Leader splits a question."""
+
+
+def decomposition(metrics: dict, dataset: str = DECOMPOSITION_DATASET) -> Optional[dict]:
+    """From a report's metrics.json: on ``dataset``, the fraction of workflows whose Leader delegated
+    two or more subtasks (in all, and in one output) for MultiAgent-OPD and H-MAS base; None when
+    the report has no role activity or no such dataset (an older or partial run)."""
+    act = metrics.get("activity", {})
+    out = {"dataset": dataset}
+    for system in ("MultiAgent-OPD", "H-MAS base"):
+        row = act.get(system, {}).get("per_dataset", {}).get(dataset)
+        if row is not None and row.get("multi_subtask") is not None:
+            out[system] = {k: row[k] for k in ("multi_subtask", "multi_subtask_one_wave")}
+    return out if "MultiAgent-OPD" in out else None
+
+
 def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "test") -> Path:
-    """summary.json and summary.md of finished seed runs under ``root``: per claim, on how many
-    seeds it holds and the pooled effect with a bootstrap over seeds and questions."""
+    """summary.json and summary.md of finished seed runs under ``root``: per claim (in ``CLAIMS``'s
+    order; claims.json of older runs, without kind and label, get them from their systems), on how
+    many seeds it holds and the pooled effect with a bootstrap over seeds and questions; per seed,
+    how often the trained Leader splits a ``DECOMPOSITION_DATASET`` question."""
     from mopd.eval.seeds import summarize_seeds
 
     root = Path(root)
@@ -116,19 +217,24 @@ def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "
     per_seed = {}
     for n in seeds:
         d = root / f"seed{n}"
-        entry = {"claims": json.loads((d / report / "claims.json").read_text())}
+        entry = {"claims": [with_claim_fields(c) for c in json.loads((d / report / "claims.json").read_text())]}
         for name, rel in (("timings", "timings.json"), ("pi0_check", f"{report}/pi0_check.json")):
             if (d / rel).is_file():
                 entry[name] = json.loads((d / rel).read_text())
+        metrics = d / report / "metrics.json"
+        split_rate = decomposition(json.loads(metrics.read_text())) if metrics.is_file() else None
+        if split_rate is not None:
+            entry["decomposition"] = split_rate
         per_seed[n] = entry
-    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED)
+    summary = summarize_seeds(per_seed, draws=draws, seed=DEFAULT_SEED, order=[(c.trained, c.base) for c in CLAIMS])
     summary["split"] = split
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     path = root / "summary.md"
     path.write_text(seed_summary_markdown(summary), encoding="utf-8")
     for c in summary["claims"]:
-        log(f"{c['trained']} > {c['base']}: holds on {c['held']} of {c['seeds']} seeds; pooled "
-             f"{100 * c['diff']:+.2f} [{100 * c['ci'][0]:+.2f}, {100 * c['ci'][1]:+.2f}]")
+        c = with_claim_fields(c)
+        log(f"{c['kind']}: {claim_name(c)}: holds on {c['held']} of {c['seeds']} seeds; pooled {_interval(c)} "
+            f"({VERDICT_TEXT[c['verdict']]})")
     return path
 
 
@@ -136,25 +242,46 @@ def _pp(x: float) -> str:
     return f"{100 * x:+.2f}"
 
 
+SHORT_VERDICT = {"below": " (below 0)", "indistinguishable": " (not distinguishable from 0)"}
+"""The mark of a claim that does not hold on a seed."""
+
+
 def seed_summary_markdown(summary: dict) -> str:
     """The multi-seed tables: per seed, then per claim pooled (both rendered into README.md)."""
     lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
              seed_table(summary), "", pooled_table(summary), "",
-             f"Pooled: the mean over seeds of each seed's macro avg@4 difference; interval: "
-             f"{summary['draws']:,} draws resampling seeds, then each drawn seed's questions within each "
-             "dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when that seed's "
-             "question-bootstrap interval lies above 0."]
+             f"Per seed: each claim's {summary['claims'][0]['metric'] if summary['claims'] else 'avg@K'} "
+             "difference with its question-bootstrap interval, marked where it does not hold (n/a: that "
+             "seed did not evaluate the claim's systems). Pooled: the mean over seeds of each seed's macro "
+             f"difference; interval: {summary['draws']:,} draws resampling seeds, then each drawn seed's "
+             "questions within each dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when "
+             "that seed's question-bootstrap interval lies above 0."]
     return "\n".join(lines) + "\n"
 
 
+def _decomposition_cell(e: dict) -> str:
+    d = e.get("decomposition")
+    if d is None:
+        return "n/a"
+    r = d["MultiAgent-OPD"]
+    return f"{100 * r['multi_subtask']:.1f}% ({100 * r['multi_subtask_one_wave']:.1f}% in one output)"
+
+
 def seed_table(summary: dict) -> str:
-    head = ["seed"] + [f"{c['trained']} minus {c['base']}" for c in summary["claims"]] + ["pi_0 dev EM", "demo time"]
+    """A row per seed: a column per claim in the summary's order (a failing one marked, n/a where the
+    seed lacks it), the trained Leader's 2+-subtask rate on the comparison questions, pi_0's dev EM
+    and the demo's time. Reads summaries written before claims had kinds."""
+    claims = [with_claim_fields(c) for c in summary["claims"]]
+    head = (["seed"] + [f"{c['kind']}: {claim_name(c)}" for c in claims]
+            + [f"MultiAgent-OPD Leader 2+ subtasks on {DECOMPOSITION_DATASET}", "pi_0 dev EM", "demo time"])
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n, e in summary["per_seed"].items():
         cells = [str(n)]
-        for c in e["claims"]:
-            cells.append(f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
-                         + ("" if c["holds"] else " (not shown)"))
+        have = {(c["trained"], c["base"]): with_claim_fields(c) for c in e["claims"]}
+        for claim in claims:
+            c = have.get((claim["trained"], claim["base"]))
+            cells.append("n/a" if c is None else _interval(c) + ("" if c["holds"] else SHORT_VERDICT[c["verdict"]]))
+        cells.append(_decomposition_cell(e))
         chk = e.get("pi0_check")
         cells.append("n/a" if chk is None else f"{chk['em']:.3f}" + (" (weak)" if chk["weak"] else ""))
         tot = e.get("timings", {}).get("total")
@@ -164,8 +291,10 @@ def seed_table(summary: dict) -> str:
 
 
 def pooled_table(summary: dict) -> str:
-    rows = ["| claim | holds on | pooled avg@4 difference |", "|---|---|---|"]
-    for c in summary["claims"]:
-        rows.append(f"| {c['trained']} minus {c['base']} | {c['held']} of {c['seeds']} seeds | "
-                    f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}] |")
+    """A row per claim: its kind, on how many seeds it holds, the pooled difference and verdict."""
+    metric = summary["claims"][0]["metric"] if summary["claims"] else "avg@K"
+    rows = [f"| kind | claim | holds on | pooled {metric} difference | verdict |", "|---|---|---|---|---|"]
+    for c in (with_claim_fields(c) for c in summary["claims"]):
+        rows.append(f"| {c['kind']} | {claim_name(c)} | {c['held']} of {c['seeds']} seeds | {_interval(c)} | "
+                    f"{VERDICT_TEXT[c['verdict']]} |")
     return "\n".join(rows)

@@ -4,10 +4,13 @@
 docs folder (a run evaluated on both splits: its dev report under dest/dev/); ``update_readme`` rewrites every block of README.md between
 ``<!-- demo-tables:NAME -->`` and ``<!-- /demo-tables:NAME -->`` from those folders:
 
-- ``seed0-systems``: avg@4 / pass@4 / 4/4 of the four systems (docs/demo/report.md's main table);
-- ``seed0-claims``: the two claims with their intervals (docs/demo/claims.json);
+- ``seed0-systems``: avg@4 / pass@4 / 4/4 of every system the README names (``LABELS``; docs/demo/report.md's
+  main table);
+- ``seed0-claims``: every claim in order with its kind, interval and verdict (docs/demo/claims.json;
+  one written before claims had kinds is labelled from its systems);
 - ``seed0-timings``: the stage timings of that run (docs/demo/timings.json);
-- ``seeds``: the multi-seed tables (docs/demo_seeds/summary.json, per seed and pooled), or, while
+- ``seeds``: the multi-seed tables (docs/demo_seeds/summary.json: per seed a column per claim and the
+  trained Leader's 2+-subtask rate, then each claim pooled), or, while
   no multi-seed run is published, one row per single-seed folder docs/demo_seedN/.
 
 ``python -m mopd.demo_tables [--check]`` is the same as ``mopd demo-docs readme [--check]``.
@@ -21,7 +24,10 @@ import shutil
 from pathlib import Path
 
 LABELS = {"C-MAS base": "C-MAS base (pi_0)", "C-MAS + RL": "C-MAS + RL (Stage I)",
-          "H-MAS base": "H-MAS base (pi_0)", "MultiAgent-OPD": "MultiAgent-OPD (Stage II)"}
+          "H-MAS base": "H-MAS base (pi_0)", "MultiAgent-OPD": "MultiAgent-OPD (Stage II)",
+          "No Searcher supervision": "No Searcher supervision (Stage II, Searcher loss 0)",
+          "Outcome Searcher": "Outcome Searcher (ablation, last step)",
+          "Base teacher": "Base teacher (ablation, last step)"}
 """How the README names each system of the report."""
 
 RUN_FILES = ("timings.json", "demo_settings.json", "environment.json")
@@ -107,11 +113,9 @@ def render_seed0_systems(docs: Path) -> str:
 
 
 def render_seed0_claims(docs: Path) -> str:
-    claims = json.loads((docs / "demo" / "claims.json").read_text())
-    out = ["| claim (avg@4, trained minus base) | difference [95% interval] | holds |", "|---|---|---|"]
-    out += [f"| {c['trained']} minus {c['base']} | **{_interval(c)}** | {'yes' if c['holds'] else 'no'} |"
-            for c in claims]
-    return "\n".join(out)
+    from mopd.demo_report import claims_table
+
+    return claims_table(json.loads((docs / "demo" / "claims.json").read_text()))
 
 
 _STAGES = (("world", "world and index"), ("pi0", "pi_0"), ("pi0_check", "pi_0 dev check"),
@@ -132,15 +136,24 @@ def render_seeds(docs: Path) -> str:
         summary = json.loads(summary_path.read_text())
         links = " ".join(f"[seed {n}]({docs.name}/demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
         return "\n".join([seed_table(summary), "", pooled_table(summary), "", f"Reports: {links}."])
-    out = ["| seed | Stage I minus C-MAS base | MultiAgent-OPD minus H-MAS base | demo time | report |",
-           "|---|---|---|---|---|"]
-    for d in sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):])):
+    from mopd.demo_report import CLAIMS, SHORT_VERDICT, claim_name, with_claim_fields
+
+    folders = sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):]))
+    per = {d: [with_claim_fields(c) for c in json.loads((d / "claims.json").read_text())] for d in folders}
+    names = []   # every claim of any folder: those of CLAIMS in its order, then the others as they appear
+    for claims in per.values():
+        names += [claim_name(c) for c in claims if claim_name(c) not in names]
+    order = [claim_name({"trained": k.trained, "base": k.base}) for k in CLAIMS]
+    names.sort(key=lambda n: order.index(n) if n in order else len(order))
+    out = ["| seed | " + " | ".join(names) + " | demo time | report |", "|" + "---|" * (len(names) + 3)]
+    for d, claims in per.items():
         n = d.name[len("demo_seed"):]
-        claims = json.loads((d / "claims.json").read_text())
+        have = {claim_name(c): c for c in claims}
         t = json.loads((d / "timings.json").read_text())
-        cells = [_interval(c) + ("" if c["holds"] else " (not shown)") for c in claims]
+        cells = ["n/a" if name not in have else _interval(have[name])
+                 + ("" if have[name]["holds"] else SHORT_VERDICT[have[name]["verdict"]]) for name in names]
         link = f"{docs.name}/{d.name}/report.md"   # relative to the README, which sits beside docs/
-        out.append(f"| {n} | {cells[0]} | {cells[1]} | {t['total'] / 60:.1f} min | [seed {n}]({link}) |")
+        out.append(f"| {n} | " + " | ".join(cells) + f" | {t['total'] / 60:.1f} min | [seed {n}]({link}) |")
     return "\n".join(out)
 
 

@@ -110,7 +110,9 @@ def test_claims_are_paired_differences_of_avg(tmp_path):
     base = [0, 1, 2, 1, 0, 2, 1, 2]
     runs = {"C-MAS base": run("cb", base, "cmas"), "C-MAS + RL": run("cr", [n + 2 for n in base], "cmas"),
             "H-MAS base": run("hb", base, "hmas"), "MultiAgent-OPD": run("mo", base[::-1], "hmas")}
-    c1, c2 = check_claims(runs, draws=200)
+    headline, c1, c2 = check_claims(runs, draws=200)
+    assert (headline["kind"], headline["trained"], headline["base"]) == ("headline", "MultiAgent-OPD", "C-MAS + RL")
+    assert headline["diff"] == pytest.approx(-0.5) and headline["verdict"] == "below" and not headline["holds"]
     assert c1["diff"] == pytest.approx(0.5) and c1["ci"] == pytest.approx([0.5, 0.5]) and c1["holds"]
     assert c2["diff"] == pytest.approx(0.0) and c2["ci"][0] < 0 < c2["ci"][1] and not c2["holds"]
 

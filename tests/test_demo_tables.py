@@ -114,3 +114,82 @@ def test_readme_without_markers_is_refused(tmp_path):
     (tmp_path / "R.md").write_text("no markers\n")
     with pytest.raises(ValueError, match="no markers"):
         update_readme(tmp_path / "R.md", ROOT / "docs")
+
+
+def test_render_new_claims_systems_and_seeds_from_a_fabricated_docs_folder(tmp_path):
+    """A run with the control arm: the seed-0 claims block lists every claim in order with kind and
+    verdict (a failing headline included), the systems block names the control, and the seeds
+    block has a column per claim and the Leader's 2+-subtask rate."""
+    from mopd.demo_report import write_seed_summary
+
+    def claims(shift):
+        qs = [{"dataset": "tiny_compare" if i % 2 else "tiny_2hop", "id": f"q{i}", "base": 0.5, "trained": 0.5 + shift}
+              for i in range(5)]
+        spec = [("primary", "MultiAgent-OPD", "No Searcher supervision", 0.03 + shift, [0.01 + shift, 0.05 + shift]),
+                ("headline", "MultiAgent-OPD", "C-MAS + RL", -0.02, [-0.06, 0.02]),
+                ("check", "C-MAS + RL", "C-MAS base", 0.3, [0.25, 0.35]),
+                ("check", "MultiAgent-OPD", "H-MAS base", 0.25, [0.2, 0.3])]
+        return [{"kind": k, "label": "x", "trained": t, "base": b, "metric": "avg@4", "diff": d, "ci": ci,
+                 "holds": ci[0] > 0, "verdict": "above" if ci[0] > 0 else "indistinguishable",
+                 "questions": [dict(q, trained=q["base"] + d) for q in qs]} for k, t, b, d, ci in spec]
+
+    runs = tmp_path / "runs"
+    for n, shift in ((1, 0.0), (2, -0.04)):
+        _fake_run(runs / f"seed{n}", shift)
+        (runs / f"seed{n}" / "report" / "claims.json").write_text(json.dumps(claims(shift)))
+        act = {"MultiAgent-OPD": {"per_dataset": {"tiny_compare": {"multi_subtask": 0.75 + shift,
+                                                                   "multi_subtask_one_wave": 0.5}}}}
+        (runs / f"seed{n}" / "report" / "metrics.json").write_text(json.dumps({"activity": act}))
+    write_seed_summary(runs, [1, 2], draws=100)
+    docs = tmp_path / "docs"
+    publish(runs / "seed1", docs / "demo")
+    (docs / "demo" / "report.md").write_text(
+        "# t\n\n## Claims\n\n| # | kind |\n|---|---|\n| 1 | primary |\n\n## Main results (strict EM, macro)\n\n"
+        "| System | avg@4 | pass@4 | 4/4 |\n| :--- | ---: | ---: | ---: |\n"
+        "| MultiAgent-OPD | 9.00 [8.00, 10.00] | 9.50 [9.00, 10.00] | 1.00 [0.00, 2.00] |\n"
+        "| No Searcher supervision | 7.00 [6.00, 8.00] | 8.50 [8.00, 9.00] | 0.00 [0.00, 0.00] |\n"
+        "| Some other system | 1.00 [0.00, 2.00] | 1.00 [0.00, 2.00] | 0.00 [0.00, 0.00] |\n\n### next\n")
+    publish(runs, docs / "demo_seeds")
+    blocks = render_blocks(docs)
+    assert blocks["seed0-systems"].splitlines()[2:] == [
+        "| MultiAgent-OPD (Stage II) | 9.00 [8.00, 10.00] | 9.50 [9.00, 10.00] | 1.00 [0.00, 2.00] |",
+        "| No Searcher supervision (Stage II, Searcher loss 0) | 7.00 [6.00, 8.00] | 8.50 [8.00, 9.00] | 0.00 [0.00, 0.00] |"]
+    rows = blocks["seed0-claims"].splitlines()
+    assert rows[0] == "| # | kind | claim | difference [95% interval] | verdict |"
+    assert rows[2:] == [
+        "| 1 | primary | MultiAgent-OPD minus No Searcher supervision: x | **+3.00 [+1.00, +5.00]** | above 0 (holds) |",
+        "| 2 | headline | MultiAgent-OPD minus C-MAS + RL: x | **-2.00 [-6.00, +2.00]** | not distinguishable from 0 |",
+        "| 3 | check | C-MAS + RL minus C-MAS base: x | **+30.00 [+25.00, +35.00]** | above 0 (holds) |",
+        "| 4 | check | MultiAgent-OPD minus H-MAS base: x | **+25.00 [+20.00, +30.00]** | above 0 (holds) |"]
+    seeds = blocks["seeds"].splitlines()
+    assert seeds[0].startswith("| seed | primary: MultiAgent-OPD minus No Searcher supervision | headline: ")
+    assert ("| 2 | -1.00 [-3.00, +1.00] (not distinguishable from 0) | -2.00 [-6.00, +2.00] (not distinguishable "
+            "from 0) | +30.00 [+25.00, +35.00] | +25.00 [+20.00, +30.00] | 71.0% (50.0% in one output) |") in seeds[3]
+    assert "| primary | MultiAgent-OPD minus No Searcher supervision | 1 of 2 seeds | +1.00 [" in blocks["seeds"]
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    update_readme(readme, docs)
+    assert update_readme(readme, docs, check=True) == []
+
+
+def test_seeds_block_from_single_seed_folders_takes_every_claim(tmp_path):
+    """Without a multi-seed summary, one row per docs/demo_seedN folder, a column per claim any of
+    them has in the claims' order (n/a where one lacks it)."""
+    docs = tmp_path / "docs"
+    for n, extra in ((1, False), (2, True)):
+        d = docs / f"demo_seed{n}"
+        d.mkdir(parents=True)
+        cl = [{"trained": "C-MAS + RL", "base": "C-MAS base", "metric": "avg@4", "diff": 0.3, "ci": [0.2, 0.4],
+               "holds": True}]
+        if extra:
+            cl.insert(0, {"trained": "MultiAgent-OPD", "base": "C-MAS + RL", "metric": "avg@4", "diff": -0.1,
+                          "ci": [-0.2, -0.05], "holds": False})
+        (d / "claims.json").write_text(json.dumps(cl))
+        (d / "timings.json").write_text(json.dumps({"total": 600.0}))
+    from mopd.demo_tables import render_seeds
+
+    lines = render_seeds(docs).splitlines()
+    assert lines[0] == "| seed | MultiAgent-OPD minus C-MAS + RL | C-MAS + RL minus C-MAS base | demo time | report |"
+    assert lines[2] == "| 1 | n/a | +30.00 [+20.00, +40.00] | 10.0 min | [seed 1](docs/demo_seed1/report.md) |"
+    assert lines[3] == ("| 2 | -10.00 [-20.00, -5.00] (below 0) | +30.00 [+20.00, +40.00] | 10.0 min | "
+                        "[seed 2](docs/demo_seed2/report.md) |")

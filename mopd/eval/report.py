@@ -20,8 +20,9 @@ __all__ = ["load_runs", "render_markdown", "report_runs", "write_report"]
 
 def write_report(summary: dict, out_dir: str | os.PathLike, *, collapse_rows: Optional[List[dict]] = None,
                  validation_logs: Sequence[str | os.PathLike] = (), validation_labels: Optional[Sequence[str]] = None,
-                 make_plots: bool = True, title: str = "Evaluation report") -> Path:
-    """Write metrics.json, report.md and the plots into ``out_dir``; returns the report's path."""
+                 make_plots: bool = True, title: str = "Evaluation report", top_sections: str = "") -> Path:
+    """Write metrics.json, report.md and the plots into ``out_dir``; returns the report's path.
+    ``top_sections``: markdown placed after the introduction, before the main results."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures: Dict[str, str] = {}
@@ -34,14 +35,38 @@ def write_report(summary: dict, out_dir: str | os.PathLike, *, collapse_rows: Op
     full = dict(summary)
     if collapse_rows is not None:
         full["collapse"] = collapse_rows
+    if validation_logs:
+        full["validation"] = validation_rows(validation_logs, validation_labels)
     full["figures"] = figures
     _write_json(out / "metrics.json", full)
     path = out / "report.md"
-    path.write_text(render_markdown(full, title), encoding="utf-8")
+    path.write_text(render_markdown(full, title, top_sections), encoding="utf-8")
     return path
 
 
-def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
+def validation_rows(logs: Sequence[str | os.PathLike], labels: Optional[Sequence[str]] = None
+                    ) -> Dict[str, List[dict]]:
+    """{label: [{"step", and each of tables.VALIDATION_COLUMNS the row has}]} of the validation
+    rows (those with ``val/em``) of each training log, in step order; a non-finite value (logged
+    as a string) is left out."""
+    from mopd.eval.plots import read_training_log
+
+    out: Dict[str, List[dict]] = {}
+    for i, p in enumerate(logs):
+        label = labels[i] if labels else (Path(p).parent.name or Path(p).stem)
+        rows = []
+        for r in read_training_log(p):
+            if "val/em" not in r:
+                continue
+            row = {"step": int(r["step"])}
+            row.update({k: float(r[k]) for k in tables.VALIDATION_COLUMNS
+                        if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)})
+            rows.append(row)
+        out[label] = sorted(rows, key=lambda r: r["step"])
+    return out
+
+
+def render_markdown(summary: dict, title: str = "Evaluation report", top_sections: str = "") -> str:
     p = summary["protocol"]
     k, ref = p["attempts"], p["reference"]
     names = summary["metric_names"]
@@ -58,6 +83,8 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
     ]
     if p.get("dropped_records"):
         parts.append(f"\nRestricted to the questions all systems share; records left out: {p['dropped_records']}.")
+    if top_sections:
+        parts += ["", top_sections.rstrip()]
     parts += ["", "## Main results (strict EM, macro)", "", tables.main_table(summary)]
     if len(summary["systems"]) > 1:
         parts += ["", f"### Paired differences against {ref}", "", tables.difference_table(summary)]
@@ -77,6 +104,12 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
                "history across turns."), ""]
     if len(summary["systems"]) > 1:
         parts += [tables.relative_cost_table(summary), ""]
+    if "activity" in summary:
+        parts += ["## Role activity by question type (per workflow)", "",
+                  ("Leader subtasks are those run (a subtask beyond the per-wave cap is dropped, not counted); "
+                   "a wave is one Leader output with subtasks. Averaged over attempts, then questions, then "
+                   "question types (macro). A cascade (C-MAS) has no Leader: n/a."), "",
+                  tables.activity_tables(summary), ""]
     parts += ["Pooled over all workflows (no weighting):", "", tables.pooled_cost_table(summary), ""]
     if "cost_accuracy" in figs:
         parts += [f"![accuracy against cost]({figs['cost_accuracy']})", ""]
@@ -91,8 +124,15 @@ def render_markdown(summary: dict, title: str = "Evaluation report") -> str:
     if summary.get("collapse"):
         parts += ["## Search collapse over checkpoints (pooled over workflows)", "",
                   tables.collapse_markdown(summary["collapse"]), ""]
-    if "validation" in figs:
-        parts += ["## Validation curves", "", f"![validation curves]({figs['validation']})", ""]
+    has_rows = any(summary.get("validation", {}).values())
+    if has_rows or "validation" in figs:
+        parts += ["## Validation over training (dev split)", ""]
+        if has_rows:
+            parts += [("Every validation of each training run, from its metrics.jsonl (step 0 is the starting "
+                       "model). A Searcher that collapses into not searching shows as the no-search fraction "
+                       "rising towards 100%."), "", tables.validation_tables(summary["validation"]), ""]
+        if "validation" in figs:
+            parts += [f"![validation curves]({figs['validation']})", ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -124,6 +164,8 @@ class ReportOptions:
     """Write the PNG plots beside the report."""
     title: str = "Evaluation report"
     """The report's heading."""
+    top_sections: str = ""
+    """Markdown placed after the report's introduction, before the main results (the demo's claims)."""
 
 
 def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
@@ -140,4 +182,5 @@ def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if collapse_runs:
         rows = collapse_table({int(step): read_eval_records(records_file(p)) for step, p in collapse_runs.items()})
     return write_report(summary, out_dir, collapse_rows=rows, validation_logs=validation_logs,
-                        validation_labels=validation_labels, make_plots=make_plots, title=title)
+                        validation_labels=validation_labels, make_plots=make_plots, title=title,
+                        top_sections=o.top_sections)

@@ -45,34 +45,56 @@ def pooled_difference(per_seed: Sequence[tuple[np.ndarray, np.ndarray, int]], dr
     return point, float(lo), float(hi)
 
 
-def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int) -> dict:
+def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
+                    order: Sequence[tuple[str, str]] = ()) -> dict:
     """The multi-seed summary from each seed's ``claims.json`` (with per-question values, see
-    ``mopd.demo_report.check_claims``) and optionally its ``timings`` and ``pi0_check``."""
+    ``mopd.demo_report.check_claims``) and optionally its ``timings``, ``pi0_check`` and
+    ``decomposition`` (copied as they are).
+
+    Claims are matched by their (trained, base) systems, not their position, so seeds whose runs
+    evaluated different systems pool what they share: each claim is pooled over the seeds that have
+    it (``seeds`` counts them). Claims come in ``order`` (pairs of systems), then those ``order``
+    does not name, as they first appear. A claim's kind, label and verdict are kept when present."""
     seeds = [str(n) for n in per_seed]
     entries = [per_seed[n] for n in per_seed]
-    names = [(c["trained"], c["base"]) for c in entries[0]["claims"]]
+    by_seed, found = [], []
+    for n, e in zip(seeds, entries):
+        pairs = [(c["trained"], c["base"]) for c in e["claims"]]
+        if len(set(pairs)) != len(pairs):
+            raise ValueError(f"seed {n}: a claim appears twice in {pairs}")
+        by_seed.append(dict(zip(pairs, e["claims"])))
+        found += [p for p in pairs if p not in found]
+    keys = [k for k in order if k in found] + [k for k in found if k not in order]
     claims = []
-    for ci, (trained, base) in enumerate(names):
+    for key in keys:
+        have = [(n, b[key]) for n, b in zip(seeds, by_seed) if key in b]
+        metrics = {c["metric"] for _, c in have}
+        if len(metrics) > 1:
+            raise ValueError(f"claim {key[0]} vs {key[1]} is measured as {sorted(metrics)} on different seeds")
         rows = []
-        for n, e in zip(seeds, entries):
-            c = e["claims"][ci]
-            if (c["trained"], c["base"]) != (trained, base):
-                raise ValueError(f"seed {n}: claim {ci} is {c['trained']} vs {c['base']}, expected {trained} vs {base}")
+        for _, c in have:
             qs = c["questions"]
             datasets = sorted({q["dataset"] for q in qs})
             di = np.array([datasets.index(q["dataset"]) for q in qs])
             rows.append((np.array([q["trained"] - q["base"] for q in qs]), di, len(datasets)))
         point, lo, hi = pooled_difference(rows, draws=draws, seed=seed)
-        held = sum(bool(e["claims"][ci]["holds"]) for e in entries)
-        claims.append({"trained": trained, "base": base, "metric": entries[0]["claims"][ci]["metric"],
-                       "seeds": len(seeds), "held": held, "diff": point, "ci": [lo, hi], "holds": lo > 0})
+        first = have[0][1]
+        claim = {"trained": key[0], "base": key[1]}
+        claim.update({k: first[k] for k in ("kind", "label") if k in first})
+        claim.update({"metric": first["metric"], "seeds": len(have), "held": sum(bool(c["holds"]) for _, c in have),
+                      "diff": point, "ci": [lo, hi], "holds": lo > 0,
+                      "verdict": "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"})
+        claims.append(claim)
+    fields = ("trained", "base", "kind", "label", "metric", "diff", "ci", "holds", "verdict")
     out_seeds = {}
-    for n, e in zip(seeds, entries):
-        row = {"claims": [{k: c[k] for k in ("trained", "base", "metric", "diff", "ci", "holds")} for c in e["claims"]]}
+    for n, e, b in zip(seeds, entries, by_seed):
+        row = {"claims": [{k: b[key][k] for k in fields if k in b[key]} for key in keys if key in b]}
         if "timings" in e:
             row["timings"] = e["timings"]
         if "pi0_check" in e:
             chk = e["pi0_check"]
             row["pi0_check"] = {"em": chk["em"], "valid": chk["valid"], "weak": chk["weak"]}
+        if "decomposition" in e:
+            row["decomposition"] = e["decomposition"]
         out_seeds[n] = row
     return {"seeds": seeds, "draws": draws, "bootstrap_seed": seed, "claims": claims, "per_seed": out_seeds}

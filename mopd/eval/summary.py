@@ -16,6 +16,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from mopd.core.records import WorkflowRecord
+from mopd.eval.activity import activity
 from mopd.eval.alignment import AlignedRuns, EvalError, align_runs
 from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED, PERCENTILES, paired_intervals
 from mopd.eval.costs import (
@@ -122,6 +123,7 @@ def summarize(records_by_system: Mapping[str, Sequence[WorkflowRecord]], referen
                 },
             }
     result["costs"] = _costs(runs, ref)
+    result["activity"] = activity(runs)
     result["format"] = _format(runs, out, point_m, iv, ref, names)
     return result
 

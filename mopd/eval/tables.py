@@ -184,3 +184,53 @@ def collapse_markdown(rows: List[Dict[str, float]]) -> str:
         vals = [pct(r[c], 1) if c != "searches_per_workflow" else f"{r[c]:.2f}" for c in COLLAPSE_COLUMNS]
         out.append([str(r["step"]), f"{r['workflows']:,}"] + vals)
     return markdown_table(header, out)
+
+
+ACTIVITY_HEADERS = {
+    "leader_subtasks": "Leader subtasks per workflow",
+    "leader_waves": "Leader waves (outputs with subtasks) per workflow",
+    "multi_subtask": "Workflows whose Leader delegated 2+ subtasks (%)",
+    "multi_subtask_one_wave": "Workflows whose Leader delegated 2+ subtasks in one output (%)",
+    "searches": "Search actions per workflow",
+    "no_search": "Workflows with no search action (%)",
+}
+_ACTIVITY_FRACTIONS = ("multi_subtask", "multi_subtask_one_wave", "no_search")
+
+
+def activity_tables(summary: dict) -> str:
+    """Role activity by question type: one table per statistic, a row per system, a column per
+    dataset and the macro; 'n/a' for the Leader's statistics of a system without a Leader."""
+    datasets = list(summary["datasets"])
+    parts = []
+    for f, title in ACTIVITY_HEADERS.items():
+        def cell(v):
+            return "n/a" if v is None else (pct(v, 1) if f in _ACTIVITY_FRACTIONS else f"{v:.2f}")
+        rows = []
+        for s in summary["systems"]:
+            a = summary["activity"][s]
+            rows.append([s] + [cell(a["per_dataset"][d][f]) for d in datasets] + [cell(a["macro"][f])])
+        parts += [f"**{title}**", "", markdown_table(["System"] + datasets + ["Macro"], rows), ""]
+    return "\n".join(parts).rstrip()
+
+
+VALIDATION_COLUMNS = {"val/em": "dev EM (%)", "val/no_search_frac": "dev workflows with no search (%)",
+                      "val/search_per_workflow": "dev search actions per workflow"}
+
+
+def validation_tables(validation: Dict[str, List[dict]]) -> str:
+    """Per logged statistic, a row per validation step and a column per training run ('' where a
+    run did not validate at that step); ``validation``: {label: [{"step", "val/em", ...}]}."""
+    labels = list(validation)
+    steps = sorted({r["step"] for rows in validation.values() for r in rows})
+    by = {label: {r["step"]: r for r in rows} for label, rows in validation.items()}
+    parts = []
+    for key, title in VALIDATION_COLUMNS.items():
+        if not any(key in r for rows in validation.values() for r in rows):
+            continue
+
+        def cell(label, step):
+            v = by[label].get(step, {}).get(key)
+            return "" if v is None else (f"{v:.2f}" if key == "val/search_per_workflow" else pct(v, 1))
+        rows = [[str(step)] + [cell(label, step) for label in labels] for step in steps]
+        parts += [f"**{title}**", "", markdown_table(["Step"] + labels, rows), ""]
+    return "\n".join(parts).rstrip()

@@ -7,6 +7,7 @@ import pytest
 from mopd.cli import main
 from mopd.core.records import write_records
 from mopd.eval.collapse import collapse_table
+from mopd.eval.summary import summarize
 from mopd.eval.plots import read_training_log, validation_curve_plot
 from tests.helpers.eval_records import WRONG, make_record, right
 
@@ -96,3 +97,41 @@ def test_eval_report_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "report", str(a), "--collapse", "abc"]) == 2
     assert main(["eval", "report", str(a), "--reference", "zzz", "--out", str(tmp_path / "r2")]) == 2
     assert "reference system 'zzz'" in capsys.readouterr().err
+
+
+def test_validation_table_lists_every_validation_of_every_run(tmp_path):
+    """Two runs that validated at different steps; training rows without val/em are not rows; a
+    non-finite value (logged as a string) is left blank."""
+    from mopd.eval.report import render_markdown, validation_rows
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in [
+        {"step": 0, "val/em": 0.5, "val/no_search_frac": 0.25, "val/search_per_workflow": 1.125},
+        {"step": 3, "train/loss": 1.0},
+        {"step": 5, "val/em": 0.625, "val/no_search_frac": 0.125, "val/search_per_workflow": 1.875}]) + "\n")
+    b.write_text("\n".join(json.dumps(r) for r in [
+        {"step": 10, "val/em": 0.375, "val/no_search_frac": "nan", "val/search_per_workflow": 0.0},
+        {"step": 5, "val/em": 0.25, "val/no_search_frac": 0.75, "val/search_per_workflow": 0.5}]) + "\n")
+    rows = validation_rows([a, b], ["Arm A", "Arm B"])
+    assert [r["step"] for r in rows["Arm A"]] == [0, 5] and [r["step"] for r in rows["Arm B"]] == [5, 10]
+    assert "val/no_search_frac" not in rows["Arm B"][1]
+    opd = [make_record("q1", "nq", k, right(), workflow="hmas", searches=1) for k in range(2)]
+    summary = summarize({"S": opd}, draws=10)
+    summary["validation"] = rows
+    md = render_markdown(summary)
+    part = md.split("## Validation over training", 1)[1]
+    assert "| Step | Arm A | Arm B |" in part
+    assert "| 0 | 50.0 |  |" in part and "| 5 | 62.5 | 25.0 |" in part and "| 10 |  | 37.5 |" in part
+    assert "| 5 | 12.5 | 75.0 |" in part and "| 10 |  |  |" in part        # no-search: the nan is blank
+    assert "| 0 | 1.12 |  |" in part and "| 5 | 1.88 | 0.50 |" in part    # searches per workflow
+
+
+def test_validation_section_is_left_out_when_no_log_validated(tmp_path):
+    from mopd.eval.report import render_markdown, validation_rows
+
+    log = tmp_path / "m.jsonl"
+    log.write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
+    summary = summarize({"S": [make_record("q1", "nq", 0, right())]}, draws=10)
+    summary["validation"] = validation_rows([log], ["run"])
+    assert summary["validation"] == {"run": []}
+    assert "## Validation over training" not in render_markdown(summary)
