@@ -24,6 +24,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,7 +88,10 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model, optimizer, tra
     _barrier()
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        with warnings.catch_warnings():
+            # a single-process run saves without a process group, which DCP supports and warns about
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
         if _rank() == 0:
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "format": FORMAT, **trainer_state},
