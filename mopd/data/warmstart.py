@@ -163,10 +163,14 @@ NAME_WEIGHT = 4
 tokenizer's training texts: with a 2,048-token BPE every town, river and name word is one token."""
 
 
+YES_NO_TEXTS = ["<answer>yes</answer>", "<answer>no</answer>", "yes or no"]
+"""The same-town answers as the Answerer writes them, so "yes" and "no" are tokens of their own."""
+
+
 def tokenizer_texts(world_dir) -> List[str]:
     """What the tokenizer is trained on: every passage, the training questions, the subtask
-    wordings, the role prompts ``PROMPT_WEIGHT`` times and the name vocabulary ``NAME_WEIGHT`` times."""
-    from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
+    wordings (pair subtasks and yes/no answers included), the role prompts ``PROMPT_WEIGHT`` times and the name vocabulary ``NAME_WEIGHT`` times."""
+    from mopd.data.demo_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
     from mopd.data.tinyworld import WorldPaths, load_split
     from mopd.data.world_kb import name_vocabulary
     from mopd.rollout.prompts import all_prompt_texts
@@ -176,6 +180,7 @@ def tokenizer_texts(world_dir) -> List[str]:
         texts = [json.loads(line)["contents"] for line in f if line.strip()]
     texts += [q.question for q in load_split(paths, "train")]
     texts += list(SUBTASK_TOWN.values()) + list(SUBTASK_TWO_HOP.values()) + [SUBTASK_RIVER]
+    texts += PAIR_SUBTASK_TEXTS + YES_NO_TEXTS * NAME_WEIGHT
     chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
     names = name_vocabulary()
     name_lines = [" ".join(names[i:i + 20]) for i in range(0, len(names), 20)]
