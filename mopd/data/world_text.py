@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from mopd.core.qa import QAExample
 from mopd.data.world_kb import INDUSTRY_WORDS, KnowledgeBase
@@ -163,10 +163,11 @@ def world_questions(kb: KnowledgeBase, gold_of: Dict[str, str], rng: random.Rand
     return out
 
 
-def _matching(rng: random.Random, bands: List[str], ok, n: int) -> List[tuple]:
+def _matching(rng: random.Random, bands: List[str], ok, n: int, fill_from: Optional[List[str]] = None) -> List[tuple]:
     """Up to ``n`` distinct pairs (a, b) with ``ok(a, b)``: first a random matching (each band in at
     most one pair, so that held-out pair questions can each have subjects of their own), then, when
-    the bands run out (small worlds), random pairs that reuse bands; fewer when no more pairs exist."""
+    the bands run out (small worlds), random pairs of ``fill_from`` (default: ``bands``) that reuse
+    bands; fewer when no more pairs exist."""
     order = bands[:]
     rng.shuffle(order)
     pairs: List[tuple] = []
@@ -182,7 +183,8 @@ def _matching(rng: random.Random, bands: List[str], ok, n: int) -> List[tuple]:
         rest = rest[:k] + rest[k + 1:]
     if len(pairs) < n:
         seen = {frozenset(p) for p in pairs}
-        more = [(a, b) for i, a in enumerate(bands) for b in bands[i + 1:]
+        pool = fill_from or bands
+        more = [(a, b) for i, a in enumerate(pool) for b in pool[i + 1:]
                 if ok(a, b) and frozenset((a, b)) not in seen]
         pairs += [p if rng.random() < 0.5 else p[::-1] for p in rng.sample(more, min(n - len(pairs), len(more)))]
     return pairs
@@ -208,7 +210,9 @@ def pair_questions(kb: KnowledgeBase, gold_of: Dict[str, str], rng: random.Rando
         add(COMPARE, "year", i, a, b, [a if year[a] < year[b] else b])
     n_yes = n // 2
     yes = _matching(rng, bands, lambda x, y: town[x] == town[y], n_yes)
-    no = _matching(rng, bands, lambda x, y: town[x] != town[y], n - len(yes))  # a small world: fewer yes
+    in_yes = {b for p in yes for b in p}
+    no = _matching(rng, [b for b in bands if b not in in_yes], lambda x, y: town[x] != town[y],
+                   n - len(yes), fill_from=bands)  # a small world: fewer yes pairs, more no pairs
     pairs = [(p, "yes") for p in yes] + [(p, "no") for p in no]
     rng.shuffle(pairs)
     for i, ((a, b), answer) in enumerate(pairs):
