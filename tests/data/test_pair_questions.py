@@ -177,3 +177,39 @@ def test_the_scripted_hierarchy_splits_pair_questions_and_beats_the_cascade(worl
     assert two_or_more > 0.7 and first_wave > 0.65
     assert sum(r.search_actions for r in hmas) > 1.2 * sum(r.search_actions for r in cmas)
     assert em(hmas) > em(cmas) + 0.04
+
+
+def leader_prompt(tok, question, outputs_and_reports):
+    """A Leader's prompt after its ``outputs`` and the reports each wave brought back."""
+    from mopd.rollout.chat import continuation_ids
+
+    ids = prompts.render_leader_prompt(tok, question)
+    n = 0
+    for output, reports in outputs_and_reports:
+        ids = ids + tok.encode(output, add_special_tokens=False) + [tok.eos_token_id]
+        batch = []
+        for task, text in reports:
+            n += 1
+            batch.append(prompts.Report(n, task, text))
+        ids = ids + continuation_ids(tok, prompts.leader_feedback(batch))
+    return tok.decode(ids)
+
+
+def test_the_leader_re_asks_for_the_missing_band_only_then_selects(world, world_tokenizer):
+    policy = world_policy(world.root, PERFECT)
+    meta = load_question_meta(world)
+    q = next(q for q in all_questions(world) if q.dataset == COMPARE)
+    a, b = meta[q.question]["subjects"]
+    one = SUBTASK_ONE["year"]
+    first = f"<subtask>{one.format(s=a)}</subtask><subtask>{one.format(s=b)}</subtask>"
+    assert policy.act(leader_prompt(world_tokenizer, q.question, []), random.Random(0)) == first
+    found, lost = policy._gold_sentences[a], "I found nothing about this."
+    after_one = leader_prompt(world_tokenizer, q.question, [(first, [(one.format(s=a), found),
+                                                                      (one.format(s=b), lost)])])
+    assert policy.act(after_one, random.Random(1)) == f"<subtask>{one.format(s=b)}</subtask>"
+    after_two = leader_prompt(world_tokenizer, q.question, [
+        (first, [(one.format(s=a), found), (one.format(s=b), lost)]),
+        (f"<subtask>{one.format(s=b)}</subtask>", [(one.format(s=b), policy._gold_sentences[b])])])
+    picks = Counter(policy.act(after_two, random.Random(i)) for i in range(50))
+    assert set(picks) == {"<select>1,3</select>", "<select>1,2,3</select>"}  # useful ones, or all (0.2)
+    assert picks["<select>1,3</select>"] > 30
