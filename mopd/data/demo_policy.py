@@ -15,6 +15,13 @@ for the Leader and the Answerer, when its sentence is in a report). Its mistakes
 vague queries that leave out the name, reports with no search at all, reports that quote the wrong
 passage, answers that pick the wrong name among the candidates. They leave pi_0 valid in format
 but far from perfect, so that outcome RL has something to gain.
+
+Pair questions (comparison, same-town: two bands' passages needed) are where the hierarchy has a
+job: the H-MAS Leader mostly splits them into one subtask per band, a wave of two Searchers with
+three searches each, and re-asks for a fact still missing; a C-MAS Searcher (or an H-MAS Searcher
+given both bands in one subtask) must find both facts within one Searcher's three searches. The
+Answerer compares the two facts when both are in its reports and guesses between the two options
+when one is missing. Chain questions draw the same random numbers in the same order as before.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mopd.data.demo_reader import Doc, PromptView, read_prompt
 from mopd.data.world_kb import KnowledgeBase
-from mopd.data.world_text import QUESTION_TEMPLATES
+from mopd.data.world_text import COMPARE, PAIR_TEMPLATES, QUESTION_TEMPLATES, SAME_TOWN
 from mopd.rollout.sampling import derive_seed
 from mopd.rollout.scripted_engine import ScriptedEngine
 
@@ -47,6 +54,21 @@ class DemoStyle:
     """The Leader's subtask names the entity."""
     split_two_hop: float = 0.75
     """The Leader asks the two hops of a two-hop question one after the other (else in one subtask)."""
+    split_pair: float = 0.8
+    """The Leader splits a pair question (two bands) into one subtask per band, run by two parallel
+    Searchers (else one joint subtask naming both, which one Searcher works through)."""
+    both_facts: float = 0.6
+    """A Searcher whose task needs two independent facts (a pair question in C-MAS, a joint
+    subtask in H-MAS) goes on to search the second once it has found the first; otherwise it
+    reports the first alone (a single agent stopping half-way, the mistake a Leader's split into
+    one fact per Searcher avoids). Without it (1.0) the scripted C-MAS matched H-MAS on pair
+    questions: the second Searcher's own mistakes (no search, vague subtask) cost what its
+    searches gained (bench/RESULTS.md)."""
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"DemoStyle.{name}={value} is a probability: choose it in [0, 1]")
 
 
 # Subtask wordings the Leader writes and the Searcher understands.
@@ -56,6 +78,17 @@ SUBTASK_TWO_HOP = {"band": "Find which river flows through the town where the ba
                    "company": "Find which river flows through the town where the company {s} is headquartered."}
 SUBTASK_RIVER = "Find the river that flows through {t}."
 VAGUE_SUBTASK = {"band": "Find where the band was formed.", "company": "Find where the company is based."}
+# Pair questions: the relation each asks about, one band's subtask for it (the town one is
+# SUBTASK_TOWN's), the joint subtask naming both bands, and the vague forms without names.
+PAIR_RELATION = {COMPARE: "year", SAME_TOWN: "town"}
+SUBTASK_ONE = {"year": "Find the year the band {s} was formed.", "town": SUBTASK_TOWN["band"]}
+SUBTASK_PAIR = {"year": "Find the years the bands {a} and {b} were formed.",
+                "town": "Find the towns where the bands {a} and {b} were formed."}
+VAGUE_ONE = {"year": "Find when the band was formed.", "town": VAGUE_SUBTASK["band"]}
+VAGUE_PAIR = {"year": "Find when the bands were formed.", "town": "Find where the bands were formed."}
+PAIR_SUBTASK_TEXTS = list(SUBTASK_ONE.values()) + list(SUBTASK_PAIR.values()) + list(VAGUE_ONE.values()) \
+    + list(VAGUE_PAIR.values())
+"""Every pair-question subtask wording (the tokenizer learns them)."""
 GOOD_QUERIES = {"band": ["{s}", "{s} band", "{s} band formed"], "company": ["{s}", "{s} company", "{s} headquarters"],
                 "town": ["{t}", "{t} river", "river through {t}"]}
 VAGUE_QUERIES = {"band": ["band formed in town", "{w} band", "where was the band formed"],
@@ -68,6 +101,11 @@ def _pattern(template: str) -> re.Pattern:
     return re.compile("^" + "(.+?)".join(re.escape(p) for p in parts) + "$")
 
 
+def _pair_pattern(template: str) -> re.Pattern:
+    """A template with ``{a}`` then ``{b}``."""
+    return re.compile("^" + "(.+?)".join(re.escape(p) for p in re.split(r"\{[ab]\}", template)) + "$")
+
+
 @dataclass(frozen=True)
 class Task:
     """What an agent is after: the subject (band/company) and its kind, the hops, or a town whose
@@ -77,6 +115,12 @@ class Task:
     kind: str = ""
     subject: Optional[str] = None
     town: Optional[str] = None
+    relation: str = ""
+    """'year' or 'town' for a pair question or one of its one-band subtasks; '' for chain tasks."""
+    pair: Tuple[str, ...] = ()
+    """The two bands of a pair question or joint subtask (``subject`` is the first); () otherwise."""
+    dataset: str = ""
+    """A pair question's dataset (COMPARE / SAME_TOWN)."""
 
 
 class DemoPolicy:
@@ -93,6 +137,9 @@ class DemoPolicy:
         self._subtask_patterns = ([(_pattern(t), k, 1) for k, t in SUBTASK_TOWN.items()]
                                   + [(_pattern(t), k, 2) for k, t in SUBTASK_TWO_HOP.items()])
         self._river_pattern = _pattern(SUBTASK_RIVER)
+        self._pair_question_patterns = [(_pair_pattern(t), ds) for ds, ts in PAIR_TEMPLATES.items() for t in ts]
+        self._pair_subtask_patterns = [(_pair_pattern(t), rel) for rel, t in SUBTASK_PAIR.items()]
+        self._one_patterns = [(_pattern(t), rel) for rel, t in SUBTASK_ONE.items() if rel == "year"]
         self._town_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(kb.towns, key=len, reverse=True)))
                                    + r")\b")
         self._river_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(kb.rivers, key=len, reverse=True)))
@@ -100,6 +147,11 @@ class DemoPolicy:
 
     # ---- understanding ----------------------------------------------------------------
     def task_of_question(self, question: str) -> Task:
+        for pat, ds in self._pair_question_patterns:
+            m = pat.match(question)
+            if m and m.group(1) in self.kb.bands and m.group(2) in self.kb.bands:
+                return Task(hops=2, kind="band", subject=m.group(1), relation=PAIR_RELATION[ds],
+                            pair=(m.group(1), m.group(2)), dataset=ds)
         for pat, kind, hops in self._question_patterns:
             m = pat.match(question)
             if m and m.group(1) in (self.kb.bands if kind == "band" else self.kb.companies):
@@ -110,6 +162,14 @@ class DemoPolicy:
         m = self._river_pattern.match(subtask)
         if m and m.group(1) in self.kb.towns:
             return Task(hops=1, kind="town", town=m.group(1))
+        for pat, rel in self._pair_subtask_patterns:
+            m = pat.match(subtask)
+            if m and m.group(1) in self.kb.bands and m.group(2) in self.kb.bands:
+                return Task(hops=2, kind="band", subject=m.group(1), relation=rel, pair=(m.group(1), m.group(2)))
+        for pat, rel in self._one_patterns:
+            m = pat.match(subtask)
+            if m and m.group(1) in self.kb.bands:
+                return Task(hops=1, kind="band", subject=m.group(1), relation=rel)
         for pat, kind, hops in self._subtask_patterns:
             m = pat.match(subtask)
             if m and m.group(1) in (self.kb.bands if kind == "band" else self.kb.companies):
@@ -131,6 +191,8 @@ class DemoPolicy:
         is known only once the first hop's passage has been seen (see :meth:`_searcher`)."""
         if task.town:
             return [("town", task.town)]
+        if task.pair:
+            return [("subject", s) for s in task.pair]
         if task.subject:
             return [("subject", task.subject)] + ([("town", self.home(task.subject))] if task.hops == 2 else [])
         return []
@@ -173,7 +235,10 @@ class DemoPolicy:
                 return f"<report>{self._guess(task, rng)}</report>"
             if not needs and not view.searches:  # a task it does not understand: search its words once
                 return f"<search>{(view.subtask or view.question).rstrip('.?')}</search>"
-            need = self._next_need(needs, view)
+            need = (self._next_independent_need if task.pair else self._next_need)(needs, view)
+            if (need is not None and task.pair and need == needs[1] and view.searches
+                    and self._found(needs[0], view.searches[-1]) and rng.random() >= self.style.both_facts):
+                need = None  # stops at the first fact, just found
             if need is not None:
                 return f"<search>{self._query(need, task.kind, rng)}</search>"
         return f"<report>{self._report(needs, view, task, rng)}</report>"
@@ -189,6 +254,23 @@ class DemoPolicy:
                 continue
             tries = len(view.searches) - start
             return need if len(view.searches) < max_searches and tries < max_tries else None
+        return None
+
+    def _next_independent_need(self, needs, view: PromptView, max_searches: int = 3, max_tries: int = 2):
+        """Two independent facts, searched one after the other within the same limits as a chain
+        (``max_searches`` in all, ``max_tries`` per fact): a fact's tries start after the search
+        that found the fact before it, or after that fact's own tries ran out (no hop depends on
+        it); a fact already seen in an earlier search counts as found. None: report now."""
+        start = 0
+        for need in needs:
+            found_at = next((k for k in range(len(view.searches)) if self._found(need, view.searches[k])), None)
+            if found_at is not None:
+                start = max(start, found_at + 1)
+                continue
+            tries = len(view.searches) - start
+            if tries < max_tries:
+                return need if len(view.searches) < max_searches else None
+            start += max_tries
         return None
 
     def _report(self, needs, view: PromptView, task: Task, rng: random.Random) -> str:
@@ -214,6 +296,9 @@ class DemoPolicy:
     def _guess(self, task: Task, rng: random.Random) -> str:
         """A report written without evidence: a made-up fact of the right shape."""
         town = rng.choice(sorted(self.kb.towns))
+        if task.relation:
+            year = rng.randrange(1962, 2016)
+            return " ".join(f"{s} is a band formed in {town} in {year}." for s in (task.pair or (task.subject,)))
         if task.kind == "town" and task.town:
             return f"{task.town} is a town on the river {rng.choice(sorted(self.kb.rivers))}."
         if task.subject and task.kind == "company":
@@ -224,6 +309,8 @@ class DemoPolicy:
 
     def _leader(self, view: PromptView, rng: random.Random) -> str:
         task = self.task_of_question(view.question)
+        if task.pair:
+            return self._pair_leader(view, task, rng)
         texts = [t for _, _, t in view.reports]
         if not view.reports and not view.forced:
             return self._first_subtasks(task, rng)
@@ -242,12 +329,37 @@ class DemoPolicy:
         useful = [i for i, _, t in view.reports if t and (
             task.subject is not None and (self._subject_sentence(task.subject) in t
                                           or any(s in t for s in self._river_sentences(self.home(task.subject)))))]
+        return self._select(useful, view, rng)
+
+    def _select(self, useful: List[int], view: PromptView, rng: random.Random) -> str:
+        """Mostly the useful reports (0.8), else all of them."""
         chosen = useful if useful and rng.random() < 0.8 else [i for i, _, _ in view.reports]
         if not chosen:
             chosen = [1] if view.reports else []
         if not chosen:  # forced with no reports at all: nothing valid to select
             return "<select>1</select>"
         return f"<select>{','.join(map(str, chosen))}</select>"
+
+    def _pair_leader(self, view: PromptView, task: Task, rng: random.Random) -> str:
+        """First round: one subtask per band (``split_pair``) or one joint subtask; later, while
+        rounds allow (``rounds < 2``, as for a one-hop question), re-ask for each band whose fact
+        no report holds yet; then select the reports that hold either fact."""
+        if not view.reports and not view.forced:
+            if rng.random() < self.style.split_pair:
+                return "".join(self._one_band_subtask(s, task, rng) for s in task.pair)
+            a, b = task.pair
+            text = SUBTASK_PAIR[task.relation].format(a=a, b=b)
+            return f"<subtask>{text if rng.random() < self.style.good_subtask else VAGUE_PAIR[task.relation]}</subtask>"
+        texts = [t for _, _, t in view.reports]
+        missing = [s for s in task.pair if not any(self._subject_sentence(s) in t for t in texts)]
+        if not view.forced and missing and len(view.outputs) < 2:
+            return "".join(self._one_band_subtask(s, task, rng) for s in missing)
+        useful = [i for i, _, t in view.reports if t and any(self._subject_sentence(s) in t for s in task.pair)]
+        return self._select(useful, view, rng)
+
+    def _one_band_subtask(self, band: str, task: Task, rng: random.Random) -> str:
+        text = SUBTASK_ONE[task.relation].format(s=band)
+        return f"<subtask>{text if rng.random() < self.style.good_subtask else VAGUE_ONE[task.relation]}</subtask>"
 
     def _subtask(self, text: str, task: Task, rng: random.Random) -> str:
         if rng.random() >= self.style.good_subtask:
@@ -274,6 +386,8 @@ class DemoPolicy:
         if task.subject is None:
             names = self._town_re.findall(text) + self._river_re.findall(text)
             return f"<answer>{names[0] if names else rng.choice(sorted(self.kb.towns))}</answer>"
+        if task.pair:
+            return f"<answer>{self._pair_answer(task, text, rng)}</answer>"
         town = self.home(task.subject)
         if task.hops == 1:
             right, pool, mentioned = town, sorted(self.kb.towns), self._town_re.findall(text)
@@ -292,6 +406,23 @@ class DemoPolicy:
         else:
             pick = rng.choice(mentioned or pool)
         return f"<answer>{pick}</answer>"
+
+
+    def pair_answer(self, task: Task) -> str:
+        """The right answer of a pair question, from the world."""
+        a, b = task.pair
+        if task.relation == "year":
+            return a if self.kb.bands[a]["year"] < self.kb.bands[b]["year"] else b
+        return "yes" if self.home(a) == self.home(b) else "no"
+
+    def _pair_answer(self, task: Task, text: str, rng: random.Random) -> str:
+        """Both facts in the reports: the right option with ``right_pick``, else the other; a fact
+        missing: a guess between the two options."""
+        options = list(task.pair) if task.relation == "year" else ["yes", "no"]
+        if all(self._subject_sentence(s) in text for s in task.pair):
+            right = self.pair_answer(task)
+            return right if rng.random() < self.style.right_pick else next(o for o in options if o != right)
+        return rng.choice(options)
 
 
 def world_policy(world_dir, style: DemoStyle = DemoStyle()) -> DemoPolicy:

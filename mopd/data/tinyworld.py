@@ -9,8 +9,11 @@
     DIR/index/                   the retrieval index (MiniLM flat by default, or BM25)
     DIR/world.json               the settings and counts (written last: marks a finished world)
 
-Test questions are new questions, each about its own subject, whose sibling (the other hop about
-the same subject) stays in training, as in the calibration prototype. A split by subject (test
+Datasets: the chain questions tiny_1hop and tiny_2hop, and the pair questions tiny_compare and
+tiny_same_town (two bands each; :mod:`mopd.data.world_text`). Test questions are new questions,
+each about its own subject, whose sibling (the other hop about the same subject) stays in
+training, as in the calibration prototype; a test pair question's bands are, as far as the bands
+go, not the subjects of any other test question. A split by subject (test
 subjects never named in training) was tried: the 0.5M-parameter pi_0, trained for minutes,
 learns to write training answers from memory long before it learns to copy names from its
 prompt, and scored 0.01-0.05 test EM, leaving RL nothing to reinforce. Every town and river is
@@ -34,7 +37,7 @@ from mopd.core.qa import QAExample, load_flashrag, write_questions
 from mopd.data.markers import read_marker
 from mopd.data.splits import build_splits, write_splits
 from mopd.data.world_kb import KnowledgeBase, WorldSizes, generate_kb
-from mopd.data.world_text import ONE_HOP, TWO_HOP, write_world_text
+from mopd.data.world_text import CHAIN_DATASETS, DATASETS, PAIR_DATASETS, write_world_text
 
 WORLD_FORMAT = 1
 WORLD_FILE = "world.json"
@@ -73,13 +76,23 @@ class WorldSettings:
     rivers: int = 20
     twins: int = 16
     distractors: int = 280
+    pair_questions: int = 200
+    """Questions of each pair type (comparison, same-town) in the pool; test and dev take theirs
+    from them and the rest train. 200 leave 80 of each in training (beside 640 chain questions),
+    so the warm start's demonstrations grow by a quarter, not double (one per band would be 2 x 208).
+    The pool's pairs of one type share no band while the bands last (a random matching)."""
     test_per_dataset: int = 100
-    """Test questions per dataset (one-hop, two-hop), each about its own subject. 2 x 100 made the
+    """Test questions per dataset (one-hop, two-hop, compare, same-town), each about its own subject. 2 x 100 made the
     demo's 95% intervals about +-3.5-4 points of avg@4 (+-6 with 2 x 40); the four evaluations took
     63 s with two workers in the timed demo (bench/RESULTS.md)."""
     dev_per_dataset: int = 20
     index_kind: str = "flat"
     encoder: str = "minilm"
+
+    def __post_init__(self):
+        if self.pair_questions < self.test_per_dataset + self.dev_per_dataset:
+            raise ValueError(f"pair_questions={self.pair_questions} must hold test_per_dataset + dev_per_dataset "
+                             f"({self.test_per_dataset + self.dev_per_dataset}) questions of each pair type")
 
     def sizes(self) -> WorldSizes:
         return WorldSizes(bands=self.bands, companies=self.companies, towns=self.towns, rivers=self.rivers,
@@ -87,7 +100,7 @@ class WorldSettings:
 
 
 QUICK_WORLD = {"bands": 24, "companies": 8, "towns": 8, "rivers": 4, "twins": 2, "distractors": 20,
-               "test_per_dataset": 4, "dev_per_dataset": 2}
+               "pair_questions": 12, "test_per_dataset": 4, "dev_per_dataset": 2}
 """The world of a quick (smoke) demo run."""
 
 
@@ -116,15 +129,45 @@ def _write_jsonl(path: Path, rows) -> None:
 def held_out_questions(questions: List[QAExample], n_per_dataset: int, seed: int) -> List[QAExample]:
     """The test pool: ``n_per_dataset`` one-hop and as many two-hop questions, about
     ``2 * n_per_dataset`` distinct subjects, so that each test question's sibling (the other hop
-    about the same subject) stays in training."""
+    about the same subject) stays in training; then ``n_per_dataset`` of each pair type present
+    (:func:`held_out_pairs`)."""
     rng = random.Random(f"split-{seed}")
-    subjects = sorted({q.meta["subject"] for q in questions})
+    chain = [q for q in questions if q.dataset in CHAIN_DATASETS]
+    subjects = sorted({q.meta["subject"] for q in chain})
     if 2 * n_per_dataset > len(subjects):
         raise ValueError(f"cannot hold out {2 * n_per_dataset} subjects' questions from {len(subjects)} subjects")
     chosen = rng.sample(subjects, 2 * n_per_dataset)
     one_hop, two_hop = set(chosen[:n_per_dataset]), set(chosen[n_per_dataset:])
-    return [q for q in questions if (q.meta["hops"] == 1 and q.meta["subject"] in one_hop)
+    held = [q for q in chain if (q.meta["hops"] == 1 and q.meta["subject"] in one_hop)
             or (q.meta["hops"] == 2 and q.meta["subject"] in two_hop)]
+    return held + held_out_pairs(questions, n_per_dataset, set(chosen), random.Random(f"split-pairs-{seed}"))
+
+
+def held_out_pairs(questions: List[QAExample], n_per_dataset: int, taken: set, rng: random.Random) -> List[QAExample]:
+    """``n_per_dataset`` questions of each pair dataset present, each pair's bands the subjects of
+    no other test question (``taken``: the chain test subjects) as far as the world's bands go:
+    candidates in a seeded order are taken first when both bands are free, then when they are
+    free of the other pair test questions, then at all (a band is in several test questions only
+    when the world has too few bands for the test size)."""
+    out: List[QAExample] = []
+    taken, in_pairs = set(taken), set()
+    for dataset in PAIR_DATASETS:
+        pool = [q for q in questions if q.dataset == dataset]
+        if not pool:
+            continue
+        if n_per_dataset > len(pool):
+            raise ValueError(f"cannot hold out {n_per_dataset} {dataset} questions from {len(pool)}")
+        order = rng.sample(pool, len(pool))
+        chosen: List[QAExample] = []
+        for free in (lambda s: not s & taken, lambda s: not s & in_pairs, lambda s: True):
+            for q in order:
+                s = set(q.meta["subjects"])
+                if len(chosen) < n_per_dataset and q not in chosen and free(s):
+                    chosen.append(q)
+                    taken |= s
+                    in_pairs |= s
+        out += sorted(chosen, key=lambda q: q.id)
+    return out
 
 
 def _covering_splits(kb: KnowledgeBase, questions: List[QAExample], test_per_dataset: int, dev_per_dataset: int,
@@ -133,8 +176,7 @@ def _covering_splits(kb: KnowledgeBase, questions: List[QAExample], test_per_dat
     river among their answers (so the model has written every answer name): the first split seed
     ``seed * 1000 + k`` whose held-out test questions and dev sample leave that so."""
     names = set(kb.towns) | set(kb.rivers)
-    test_counts = {ONE_HOP: test_per_dataset, TWO_HOP: test_per_dataset}
-    dev_counts = {ONE_HOP: dev_per_dataset, TWO_HOP: dev_per_dataset} if dev_per_dataset else None
+    test_counts, dev_counts = dataset_counts(questions, test_per_dataset, dev_per_dataset)
     for k in range(tries):
         split_seed = seed * 1000 + k
         test_pool = held_out_questions(questions, test_per_dataset, split_seed)
@@ -145,6 +187,13 @@ def _covering_splits(kb: KnowledgeBase, questions: List[QAExample], test_per_dat
             return train_pool, test_pool, splits, split_seed
     raise ValueError(f"no split in {tries} seeds leaves every town and river answered in training; "
                      "ask for a smaller dev or test set")
+
+
+def dataset_counts(questions: List[QAExample], test_per_dataset: int, dev_per_dataset: int):
+    """(test counts, dev counts or None) per dataset of ``questions`` (every dataset alike)."""
+    present = [d for d in DATASETS if any(q.dataset == d for q in questions)]
+    test_counts = {d: test_per_dataset for d in present}
+    return test_counts, ({d: dev_per_dataset for d in present} if dev_per_dataset else None)
 
 
 def read_settings(root) -> Optional[dict]:
@@ -175,7 +224,7 @@ def build_world(out_dir, seed: int = 0, *, settings: Optional[WorldSettings] = N
     paths.root.mkdir(parents=True, exist_ok=True)
 
     kb = generate_kb(s.seed, s.sizes())
-    text = write_world_text(kb, s.seed, s.distractors)
+    text = write_world_text(kb, s.seed, s.distractors, s.pair_questions)
     _write_json(paths.kb, kb.to_dict())
     _write_jsonl(paths.corpus, (p.to_corpus_row() for p in text.passages))
 
@@ -185,8 +234,7 @@ def build_world(out_dir, seed: int = 0, *, settings: Optional[WorldSettings] = N
     pools = paths.root / "pools"
     write_questions(pools / "train.jsonl", train_pool)
     write_questions(pools / "test.jsonl", test_pool)
-    test_counts = {ONE_HOP: s.test_per_dataset, TWO_HOP: s.test_per_dataset}
-    dev_counts = {ONE_HOP: s.dev_per_dataset, TWO_HOP: s.dev_per_dataset} if s.dev_per_dataset else None
+    test_counts, dev_counts = dataset_counts(text.questions, s.test_per_dataset, s.dev_per_dataset)
     write_splits(splits, paths.manifest.parent, seed=split_seed,
                  inputs=[str(pools / "train.jsonl"), str(pools / "test.jsonl")],
                  test_counts=test_counts, dev_counts=dev_counts)
@@ -200,6 +248,8 @@ def build_world(out_dir, seed: int = 0, *, settings: Optional[WorldSettings] = N
     _write_json(paths.root / WORLD_FILE, {
         "settings": wanted, "passages": len(text.passages), "passage_kinds": dict(sorted(kinds.items())),
         "questions": {"train": len(splits.train), "dev": len(splits.dev), "test": len(splits.test)},
+        "questions_by_dataset": {name: {d: sum(q.dataset == d for q in getattr(splits, name)) for d in DATASETS}
+                                 for name in ("train", "dev", "test")},
         "test_questions": sorted(held)})
     return paths
 
@@ -215,7 +265,8 @@ def load_split(paths: WorldPaths, name: str) -> List[QAExample]:
 
 
 def load_question_meta(paths: WorldPaths) -> Dict[str, dict]:
-    """Question text -> meta (subject, kind, hops, town, river, gold passage ids), over both pools."""
+    """Question text -> meta (subject, kind, hops, town, river, gold passage ids; pair questions:
+    subjects, relation, towns, years), over both pools."""
     out: Dict[str, dict] = {}
     for name in ("train", "test"):
         with (paths.root / "pools" / f"{name}.jsonl").open(encoding="utf-8") as f:

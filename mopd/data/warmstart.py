@@ -90,10 +90,17 @@ class WarmStartSettings:
     and at 0.4 the copying transition did not happen within 800 steps (EM 0.03; bench/RESULTS.md,
     "A warm start that under-searches")."""
 
+    split_pair: float = 0.8
+    """How often the demonstrated Leader splits a pair question into one subtask per band
+    (:class:`mopd.data.demo_policy.DemoStyle`)."""
+    both_facts: float = 0.6
+    """How often a demonstrated Searcher with two facts to find goes on to the second
+    (:class:`mopd.data.demo_policy.DemoStyle`)."""
+
     def __post_init__(self):
         if self.steps < 1 or self.episodes_per_step < 1 or self.attempts < 1:
             raise ValueError("steps, episodes_per_step and attempts must be >= 1")
-        for name in ("good_query", "right_copy", "right_pick", "search_first"):
+        for name in ("good_query", "right_copy", "right_pick", "search_first", "split_pair", "both_facts"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} is a probability: choose it in [0, 1]")
 
@@ -163,10 +170,14 @@ NAME_WEIGHT = 4
 tokenizer's training texts: with a 2,048-token BPE every town, river and name word is one token."""
 
 
+YES_NO_TEXTS = ["<answer>yes</answer>", "<answer>no</answer>", "yes or no"]
+"""The same-town answers as the Answerer writes them, so "yes" and "no" are tokens of their own."""
+
+
 def tokenizer_texts(world_dir) -> List[str]:
     """What the tokenizer is trained on: every passage, the training questions, the subtask
-    wordings, the role prompts ``PROMPT_WEIGHT`` times and the name vocabulary ``NAME_WEIGHT`` times."""
-    from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
+    wordings (pair subtasks and yes/no answers included), the role prompts ``PROMPT_WEIGHT`` times and the name vocabulary ``NAME_WEIGHT`` times."""
+    from mopd.data.demo_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
     from mopd.data.tinyworld import WorldPaths, load_split
     from mopd.data.world_kb import name_vocabulary
     from mopd.rollout.prompts import all_prompt_texts
@@ -176,6 +187,7 @@ def tokenizer_texts(world_dir) -> List[str]:
         texts = [json.loads(line)["contents"] for line in f if line.strip()]
     texts += [q.question for q in load_split(paths, "train")]
     texts += list(SUBTASK_TOWN.values()) + list(SUBTASK_TWO_HOP.values()) + [SUBTASK_RIVER]
+    texts += PAIR_SUBTASK_TEXTS + YES_NO_TEXTS * NAME_WEIGHT
     chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
     names = name_vocabulary()
     name_lines = [" ".join(names[i:i + 20]) for i in range(0, len(names), 20)]
@@ -276,7 +288,7 @@ def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed:
     paths = WorldPaths.of(world_dir)
     retriever = CachedRetriever(load_retriever(RetrieverConfig(kind="inprocess", index=str(paths.index))))
     style = DemoStyle(good_query=s.good_query, right_copy=s.right_copy, right_pick=s.right_pick,
-                      search_first=s.search_first)
+                      search_first=s.search_first, split_pair=s.split_pair, both_facts=s.both_facts)
     t_demo = time.perf_counter()
     questions = load_split(paths, "train")[:s.max_questions]
     demos = Demonstrations()

@@ -8,20 +8,30 @@ member's birthplace, a company's factory elsewhere): a careless query or reader 
 town. Nothing in a distractor contradicts a gold fact.
 
 Questions: one-hop ("Where was the band X formed?" -> the town) and two-hop ("Which river flows
-through the town where the band X was formed?" -> the river), for bands and companies.
+through the town where the band X was formed?" -> the river), for bands and companies: chains, that
+one Searcher walks alone. And two pair types over bands, whose answer needs two independent facts
+(as HotpotQA's comparison and 2WikiMultiHopQA's intersection questions), so that two parallel
+Searchers pay: comparison ("Which band was formed earlier, A or B?" -> the earlier band's name) and
+same-town ("Were the bands A and B formed in the same town?" -> "yes" / "no", about half each).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from mopd.core.qa import QAExample
 from mopd.data.world_kb import INDUSTRY_WORDS, KnowledgeBase
 
 ONE_HOP = "tiny_1hop"
 TWO_HOP = "tiny_2hop"
+COMPARE = "tiny_compare"
+SAME_TOWN = "tiny_same_town"
+CHAIN_DATASETS = (ONE_HOP, TWO_HOP)
+PAIR_DATASETS = (COMPARE, SAME_TOWN)
+DATASETS = CHAIN_DATASETS + PAIR_DATASETS
+"""Every dataset of the tiny world, in the order the splits list them."""
 
 QUESTION_TEMPLATES = {
     ("band", 1): ["Where was the band {s} formed?", "In which town was the band {s} formed?"],
@@ -29,6 +39,13 @@ QUESTION_TEMPLATES = {
     ("band", 2): ["Which river flows through the town where the band {s} was formed?"],
     ("company", 2): ["Which river flows through the town where the company {s} is headquartered?"],
 }
+
+PAIR_TEMPLATES = {
+    COMPARE: ["Which band was formed earlier, {a} or {b}?", "Which was formed first, the band {a} or the band {b}?"],
+    SAME_TOWN: ["Were the bands {a} and {b} formed in the same town?",
+                "Were {a} and {b} formed in the same town?"],
+}
+"""Pair questions (bands only; their gold passages state both town and year)."""
 
 
 @dataclass
@@ -146,7 +163,64 @@ def world_questions(kb: KnowledgeBase, gold_of: Dict[str, str], rng: random.Rand
     return out
 
 
-def write_world_text(kb: KnowledgeBase, seed: int, n_distractors: int) -> WorldText:
+def _matching(rng: random.Random, bands: List[str], ok, n: int, fill_from: Optional[List[str]] = None) -> List[tuple]:
+    """Up to ``n`` distinct pairs (a, b) with ``ok(a, b)``: first a random matching (each band in at
+    most one pair, so that held-out pair questions can each have subjects of their own), then, when
+    the bands run out (small worlds), random pairs of ``fill_from`` (default: ``bands``) that reuse
+    bands; fewer when no more pairs exist."""
+    order = bands[:]
+    rng.shuffle(order)
+    pairs: List[tuple] = []
+    used: set = set()
+    rest = order
+    while rest and len(pairs) < n:
+        a, rest = rest[0], rest[1:]
+        k = next((j for j, b in enumerate(rest) if ok(a, b)), None)
+        if k is None:
+            continue
+        pairs.append((a, rest[k]))
+        used |= {a, rest[k]}
+        rest = rest[:k] + rest[k + 1:]
+    if len(pairs) < n:
+        seen = {frozenset(p) for p in pairs}
+        pool = fill_from or bands
+        more = [(a, b) for i, a in enumerate(pool) for b in pool[i + 1:]
+                if ok(a, b) and frozenset((a, b)) not in seen]
+        pairs += [p if rng.random() < 0.5 else p[::-1] for p in rng.sample(more, min(n - len(pairs), len(more)))]
+    return pairs
+
+
+def pair_questions(kb: KnowledgeBase, gold_of: Dict[str, str], rng: random.Random, n: int) -> List[QAExample]:
+    """``n`` comparison and ``n`` same-town questions about pairs of bands (distinct years in a
+    comparison; half the same-town pairs from one town: towns are dealt evenly, several bands
+    each). ``meta``: kind, hops 2, subjects [A, B], subject A, relation (year / town), the two
+    towns and years, the answer-deciding gold ids (both bands' passages)."""
+    bands = sorted(kb.bands)
+    town = {b: kb.bands[b]["town"] for b in bands}
+    year = {b: kb.bands[b]["year"] for b in bands}
+    out: List[QAExample] = []
+
+    def add(dataset, relation, i, a, b, answers):
+        q = rng.choice(PAIR_TEMPLATES[dataset]).format(a=a, b=b)
+        meta = {"subject": a, "subjects": [a, b], "kind": "band", "hops": 2, "relation": relation,
+                "towns": [town[a], town[b]], "years": [year[a], year[b]], "gold": [gold_of[a], gold_of[b]]}
+        out.append(QAExample(id=f"{dataset}-{i:03d}", dataset=dataset, question=q, answers=answers, meta=meta))
+
+    for i, (a, b) in enumerate(_matching(rng, bands, lambda x, y: year[x] != year[y], n)):
+        add(COMPARE, "year", i, a, b, [a if year[a] < year[b] else b])
+    n_yes = n // 2
+    yes = _matching(rng, bands, lambda x, y: town[x] == town[y], n_yes)
+    in_yes = {b for p in yes for b in p}
+    no = _matching(rng, [b for b in bands if b not in in_yes], lambda x, y: town[x] != town[y],
+                   n - len(yes), fill_from=bands)  # a small world: fewer yes pairs, more no pairs
+    pairs = [(p, "yes") for p in yes] + [(p, "no") for p in no]
+    rng.shuffle(pairs)
+    for i, ((a, b), answer) in enumerate(pairs):
+        add(SAME_TOWN, "town", i, a, b, [answer])
+    return out
+
+
+def write_world_text(kb: KnowledgeBase, seed: int, n_distractors: int, n_pairs: int = 0) -> WorldText:
     rng = random.Random(f"text-{seed}")
     gold = gold_passages(kb, rng)
     gold_of = {}
@@ -154,4 +228,7 @@ def write_world_text(kb: KnowledgeBase, seed: int, n_distractors: int) -> WorldT
         gold_of[p.title[: -len(" (river)")] if p.kind == "river" else p.title] = p.id
     passages = gold + distractor_passages(kb, rng, n_distractors)
     rng.shuffle(passages)
-    return WorldText(passages=passages, questions=world_questions(kb, gold_of, rng), gold_of=gold_of)
+    questions = world_questions(kb, gold_of, rng)
+    # Pair questions from their own stream, so the chain questions stay those of a world without them.
+    questions += pair_questions(kb, gold_of, random.Random(f"pairs-{seed}"), n_pairs)
+    return WorldText(passages=passages, questions=questions, gold_of=gold_of)

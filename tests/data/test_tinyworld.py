@@ -16,7 +16,7 @@ from mopd.data.tinyworld import (
     read_settings,
 )
 from mopd.data.world_kb import WorldSizes, generate_kb
-from mopd.data.world_text import ONE_HOP, TWO_HOP
+from mopd.data.world_text import CHAIN_DATASETS, DATASETS, ONE_HOP, TWO_HOP
 
 SMALL = dict(bands=30, companies=8, towns=12, rivers=4, twins=4, distractors=40, test_per_dataset=6,
              dev_per_dataset=3, index_kind="bm25")
@@ -55,7 +55,10 @@ def test_a_finished_world_is_reused_and_other_settings_rebuild_it(tmp_path):
 def test_default_world_sizes_and_files(world):
     info = read_settings(world.root)
     assert info["passages"] == 400 + 40 + 60 + 20 + 280
-    assert info["questions"] == {"train": 640, "dev": 40, "test": 200}
+    # 320 + 320 chain and 80 + 80 pair questions train, 20 and 100 of each of the four datasets
+    assert info["questions"] == {"train": 800, "dev": 80, "test": 400}
+    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 320, TWO_HOP: 320, "tiny_compare": 80,
+                                                     "tiny_same_town": 80}
     corpus = corpus_of(world)
     assert len(corpus) == info["passages"]
     for contents in corpus.values():
@@ -63,9 +66,9 @@ def test_default_world_sizes_and_files(world):
         assert title and text and "\n" not in text
     for split in ("train", "dev", "test"):
         examples, report = load_flashrag(world.split(split))
-        assert report.skipped == 0 and {e.dataset for e in examples} == {ONE_HOP, TWO_HOP}
+        assert report.skipped == 0 and {e.dataset for e in examples} == set(DATASETS)
     manifest = json.loads(world.manifest.read_text())
-    assert manifest["counts"]["test"] == {ONE_HOP: 100, TWO_HOP: 100}
+    assert manifest["counts"]["test"] == {d: 100 for d in DATASETS}
     assert manifest["disjoint_hashes_checked"]
 
 
@@ -77,6 +80,8 @@ def test_every_answer_is_in_its_gold_passages(world):
         for q in load_split(world, split):
             m = meta[q.question]
             gold = [corpus[g] for g in m["gold"]]
+            if q.dataset not in CHAIN_DATASETS:  # pair questions: tests/data/test_pair_questions.py
+                continue
             assert m["subject"] in q.question and m["subject"] in gold[0]
             assert m["town"] in words(gold[0])  # the subject's passage names its town
             if m["hops"] == 1:
@@ -106,10 +111,10 @@ def test_no_distractor_contradicts_a_gold_fact(world):
 def test_test_questions_are_new_and_their_siblings_are_in_training(world):
     meta = load_question_meta(world)
     train = {q.question for s in ("train", "dev") for q in load_split(world, s)}
-    test = load_split(world, "test")
+    test = [q for q in load_split(world, "test") if q.dataset in CHAIN_DATASETS]
     subjects = [meta[q.question]["subject"] for q in test]
     assert len(set(subjects)) == len(test) == 200  # one test question per subject
-    trained = {(meta[q]["subject"], meta[q]["hops"]) for q in train}
+    trained = {(meta[q]["subject"], meta[q]["hops"]) for q in train if "subjects" not in meta[q]}
     for q in test:
         m = meta[q.question]
         assert q.question not in train

@@ -1,0 +1,55 @@
+"""The scripted team (mopd.data.demo_policy) through the real workflows, per dataset and workflow:
+EM, searches and Leader subtasks per workflow, and how often the Leader delegates two or more
+subtasks (in all, and in its first output). Usage (bench/RESULTS.md, "Pair questions"):
+
+    PYTHONPATH=. python bench/scripted_team.py [--index bm25|flat] [--split train] [--attempts 2]
+        [--search-first 0.9] [--both-facts 0.6] [--seed 0]
+"""
+
+import argparse
+import collections
+import tempfile
+
+from mopd.core.scoring import exact_match
+from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
+from mopd.data.tiny_model import default_corpus, train_tokenizer
+from mopd.data.tinyworld import WorldSettings, build_world, load_split
+from mopd.data.warmstart import CachedRetriever, tokenizer_texts, workflow_settings
+from mopd.retriever import open_retriever
+from mopd.rollout.scheduler import run_workflows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--index", default="bm25")
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--attempts", type=int, default=2)
+    ap.add_argument("--search-first", type=float, default=DemoStyle.search_first)
+    ap.add_argument("--both-facts", type=float, default=DemoStyle.both_facts)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    world = build_world(tempfile.mkdtemp() + "/w", settings=WorldSettings(index_kind=a.index))
+    tok = train_tokenizer(default_corpus() + tokenizer_texts(world.root), vocab_size=2048)
+    retriever = CachedRetriever(open_retriever(world.index))
+    questions = load_split(world, a.split)
+    style = DemoStyle(search_first=a.search_first, both_facts=a.both_facts)
+    print("| workflow | dataset | workflows | EM | searches | subtasks | >=2 subtasks | >=2 in first output |")
+    print("|---|---|---|---|---|---|---|---|")
+    for wf in ("cmas", "hmas"):
+        engine = DemoEngine(world_policy(world.root, style), tok, seed=a.seed)
+        settings = workflow_settings(wf, temperature=1.0, top_p=1.0, seed=a.seed)
+        records = run_workflows(engine, retriever, tok, questions, settings, attempts=a.attempts, progress=False)
+        rows = collections.defaultdict(list)
+        for r in records:
+            subtasks = r.events_of("subtask")
+            first = sum(e.step == subtasks[0].step for e in subtasks) if subtasks else 0
+            rows[r.dataset].append((exact_match(r.final_answer, r.answers), r.search_actions, len(subtasks), first))
+        for ds, v in sorted(rows.items()):
+            n = len(v)
+            print(f"| {wf} | {ds} | {n} | {sum(x[0] for x in v) / n:.3f} | {sum(x[1] for x in v) / n:.2f} | "
+                  f"{sum(x[2] for x in v) / n:.2f} | {sum(x[2] >= 2 for x in v) / n:.2f} | "
+                  f"{sum(x[3] >= 2 for x in v) / n:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
