@@ -55,10 +55,10 @@ def test_a_finished_world_is_reused_and_other_settings_rebuild_it(tmp_path):
 def test_default_world_sizes_and_files(world):
     info = read_settings(world.root)
     assert info["passages"] == 400 + 40 + 60 + 20 + 280
-    # 320 + 320 chain and 80 + 80 pair questions train, 20 and 100 of each of the four datasets
-    assert info["questions"] == {"train": 800, "dev": 80, "test": 400}
-    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 320, TWO_HOP: 320, "tiny_compare": 80,
-                                                     "tiny_same_town": 80}
+    # 360 + 360 chain and 120 + 120 pair questions train, 20 and 60 of each of the four datasets
+    assert info["questions"] == {"train": 960, "dev": 80, "test": 240}
+    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 360, TWO_HOP: 360, "tiny_compare": 120,
+                                                     "tiny_same_town": 120}
     corpus = corpus_of(world)
     assert len(corpus) == info["passages"]
     for contents in corpus.values():
@@ -68,7 +68,7 @@ def test_default_world_sizes_and_files(world):
         examples, report = load_flashrag(world.split(split))
         assert report.skipped == 0 and {e.dataset for e in examples} == set(DATASETS)
     manifest = json.loads(world.manifest.read_text())
-    assert manifest["counts"]["test"] == {d: 100 for d in DATASETS}
+    assert manifest["counts"]["test"] == {d: 60 for d in DATASETS}
     assert manifest["disjoint_hashes_checked"]
 
 
@@ -113,7 +113,7 @@ def test_test_questions_are_new_and_their_siblings_are_in_training(world):
     train = {q.question for s in ("train", "dev") for q in load_split(world, s)}
     test = [q for q in load_split(world, "test") if q.dataset in CHAIN_DATASETS]
     subjects = [meta[q.question]["subject"] for q in test]
-    assert len(set(subjects)) == len(test) == 200  # one test question per subject
+    assert len(set(subjects)) == len(test) == 120  # one test question per subject
     trained = {(meta[q]["subject"], meta[q]["hops"]) for q in train if "subjects" not in meta[q]}
     for q in test:
         m = meta[q.question]
