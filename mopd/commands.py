@@ -128,10 +128,15 @@ def _demo(args) -> int:
         s.attempts = min(args.attempts, 2)
         s.bootstrap_draws = 200
         s.pi0_check_attempts = min(s.pi0_check_attempts, 1)
-    if args.seeds is not None:
-        print(f"summary: {run_seeds(s, list(args.seeds))}")
-        return 0
-    report = run_demo(s)
+    from mopd.train.trainer import TrainingError
+
+    try:
+        if args.seeds is not None:
+            print(f"summary: {run_seeds(s, list(args.seeds))}")
+            return 0
+        report = run_demo(s)
+    except TrainingError as e:   # e.g. a stage's run directory already past its (changed) steps
+        raise UserError(str(e)) from None
     print(f"report: {report}")
     return 0
 

@@ -380,6 +380,11 @@ class PolicyTrainer:
 
         cfg = self.cfg.trainer
         target = steps if steps is not None else cfg.steps
+        if self.step > target:
+            # resuming a longer run with fewer steps would export the longer run's weights as if
+            # they were the shorter one's
+            raise TrainingError(f"{self.run_dir} is at step {self.step}, past trainer.steps={target}: it cannot "
+                                "be shortened; train into a new out_dir, or ask for at least that many steps")
         last: Dict[str, float] = {}
         bar = self._progress_bar(target)
         interrupted = False

@@ -119,3 +119,21 @@ def test_validation_runs_val_attempts_workflows_per_dev_question(tiny_model_dir,
     assert 0.0 <= m["val/em"] <= 1.0 and m["val/em"] * 9 == pytest.approx(round(m["val/em"] * 9))
     with pytest.raises(ValueError, match="val_attempts"):
         resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, tmp_path / "x", **{"trainer.val_attempts": 0}))
+
+
+def test_resuming_a_run_past_its_new_step_target_is_refused(tiny_model_dir, qa_file, tmp_path):
+    """A run trained to step 3 and resumed with trainer.steps=2 would export step 3's weights as
+    the 2-step run's (the demo did, when its Stage II steps were cut): refused in one line."""
+    from mopd.train.trainer import TrainingError
+
+    out = tmp_path / "run"
+    kw = {"trainer.questions_per_step": 1, "rollout.max_output_tokens": 6, "trainer.val_every": 0}
+    t = _trainer(tiny_model_dir, qa_file, out, **kw, **{"trainer.steps": 3})
+    t.fit()
+    t.close()
+    t = _trainer(tiny_model_dir, qa_file, out, resume=True, **kw, **{"trainer.steps": 2})
+    try:
+        with pytest.raises(TrainingError, match=r"at step 3, past trainer.steps=2"):
+            t.fit()
+    finally:
+        t.close()
