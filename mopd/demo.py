@@ -291,6 +291,7 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
     """The paper's protocol (1 candidate, T 0.6, top-p 0.95) with the tiny presets' workflow limits and
     Searcher template, as the training stages' overrides set them (``mopd demo
     rollout.searcher_sees_question=true`` evaluates every H-MAS system with the opt-in template)."""
+    from mopd.core.fingerprint import model_fingerprint
     from mopd.eval.runner import EvalPlan, evaluate
     from mopd.rollout.run_state import WorkflowSettings
 
@@ -308,10 +309,30 @@ def _evaluate(name: str, model_dir: str, workflow: str, questions, retriever, s:
     _log(f"eval {name}: {len(questions)} questions x {s.attempts} attempts ({workflow})")
     t0 = time.perf_counter()
     deterministic_torch(1)
-    plan = EvalPlan(out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=s.attempts, method=name)
+    plan = EvalPlan(out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=s.attempts, method=name,
+                    model=model_fingerprint(model_dir))
+    _set_aside_if_stale(out, plan.fixed_settings())
     path = evaluate(model_dir, None, retriever, questions, plan, cfg, run_fn=_rollout_fn(s))
     _log(f"eval {name}: {time.perf_counter() - t0:.0f}s")
     return path
+
+
+def _set_aside_if_stale(out: Path, settings: dict) -> None:
+    """An evaluation this demo wrote earlier for another model or other settings (a stage
+    retrained with other steps, say) is moved to ``out.replaced-N``, never resumed or deleted: its
+    records would otherwise be refused by the evaluator, or, before evaluations were keyed on
+    the model's weights, silently reused."""
+    from mopd.eval.runner import RUN_FILE
+
+    f = out / RUN_FILE
+    if not f.is_file() or json.loads(f.read_text(encoding="utf-8")).get("settings") == settings:
+        return
+    n = 1
+    while out.with_name(f"{out.name}.replaced-{n}").exists():
+        n += 1
+    aside = out.with_name(f"{out.name}.replaced-{n}")
+    out.rename(aside)
+    _log(f"{out} was evaluated with another model or settings: moved to {aside}")
 
 
 def _evaluate_systems(systems, questions, world, retriever, s: DemoSettings, out_root: Path) -> List[Path]:

@@ -82,3 +82,22 @@ def test_arms_side_by_side_equal_arms_one_after_the_other(tmp_path):
         w = load_file(a / arm.dir / "export" / "model.safetensors")
         ref = side_by_side[arm.name]
         assert w.keys() == ref.keys() and all(torch.equal(w[k], ref[k]) for k in w), arm.name
+
+
+def test_an_evaluation_of_another_model_is_set_aside_not_reused(tmp_path):
+    """A stage retrained (other steps) gives another export in the same directory: the demo's old
+    evaluation of it is moved aside (kept), an evaluation with the same settings stays."""
+    from mopd.demo import _set_aside_if_stale
+
+    out = tmp_path / "eval" / "multiagent_opd"
+    out.mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps({"settings": {"model_weights": "aaa", "attempts": 4}}))
+    (out / "records.jsonl").write_text("{}\n")
+    _set_aside_if_stale(out, {"model_weights": "aaa", "attempts": 4})
+    assert (out / "records.jsonl").is_file()
+    for n in (1, 2):
+        _set_aside_if_stale(out, {"model_weights": "bbb", "attempts": 4})
+        assert not out.exists() and (tmp_path / "eval" / f"multiagent_opd.replaced-{n}" / "records.jsonl").is_file()
+        out.mkdir()
+        (out / "run.json").write_text(json.dumps({"settings": {"model_weights": "ccc"}}))
+        (out / "records.jsonl").write_text("{}\n")
