@@ -45,7 +45,8 @@ class DemoSettings:
     bootstrap_draws: int = 4000
     """Question-bootstrap draws of the report."""
     with_ablations: bool = False
-    """Also train the outcome_searcher ablation and report search activity over training."""
+    """Also train the outcome-reward Searcher and base-teacher ablations (read at their last step, as
+    the paper's Table 3) and report search activity over training."""
     index_kind: str = "flat"
     """flat (MiniLM embeddings, FAISS) or bm25."""
     overrides: List[str] = field(default_factory=list)
@@ -62,7 +63,7 @@ class DemoSettings:
     stage2_questions_per_step: Optional[int] = None
     """Stage II questions per step (None: the tiny_mopd preset's)."""
     eval_split: str = "test"
-    """The split the four systems are evaluated on: test (the final numbers, looked at once) or dev
+    """The split the systems are evaluated on: test (the final numbers, looked at once) or dev
     (every tuning choice; reported under report_dev/, evaluations under eval_dev/)."""
     pi0_check_attempts: int = 4
     """Workflows per dev question when pi_0 is checked (format validity and EM, both workflows)."""
@@ -72,7 +73,7 @@ class DemoSettings:
     weak_pi0_valid: float = 0.9
     """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid."""
     eval_workers: int = 2
-    """Processes for the final evaluations (the four systems, two at a time with 2, on a machine with
+    """Processes for the final evaluations (every system, two at a time with 2, on a machine with
     at least 2 cores). Each evaluation is a function of its model, questions and seed, so the records
     are the same with 1 (tested); 2 halves the evaluation's wall time on a 2-core machine."""
     threads: int = 2
