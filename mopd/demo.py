@@ -415,6 +415,7 @@ def run_demo(s: DemoSettings) -> Path:
     deterministic_torch(1)
     (root / "environment.json").write_text(json.dumps(environment_record(), indent=2))
     t_start = time.perf_counter()
+    run_started = time.time()
     times: Dict[str, float] = {}
 
     t = time.perf_counter()
@@ -471,7 +472,10 @@ def run_demo(s: DemoSettings) -> Path:
     times["total"] = time.perf_counter() - t_start
     from mopd.data.warmstart import read_pi0
 
-    _write_timings(root / "timings.json", times, built={"pi0": (read_pi0(pi0) or {}).get("seconds", {}).get("total", 0.0)})
+    rebuilt = {"stage1": _written_since(root / "stage1" / "DONE", run_started),
+               "stage2": any(_written_since(root / a.dir / "DONE", run_started) for a in arms)}
+    _write_timings(root / "timings.json", times, built={"pi0": (read_pi0(pi0) or {}).get("seconds", {}).get("total", 0.0)},
+                   rebuilt=rebuilt)
     _log(f"finished in {times['total'] / 60:.1f} min; report: {report}")
     return report
 
@@ -497,16 +501,27 @@ def run_seeds(s: DemoSettings, seeds: List[int]) -> Path:
     return write_seed_summary(root, seeds, draws=s.bootstrap_draws, split=s.eval_split)
 
 
-def _write_timings(path: Path, times: Dict[str, float], built: Optional[Dict[str, float]] = None) -> None:
+def _written_since(path: Path, t: float) -> bool:
+    """Whether ``path`` exists and was written at or after wall time ``t`` (a stage built by this run)."""
+    return path.is_file() and path.stat().st_mtime >= t - 1.0
+
+
+def _write_timings(path: Path, times: Dict[str, float], built: Optional[Dict[str, float]] = None,
+                   rebuilt: Optional[Dict[str, bool]] = None) -> None:
     """Stage seconds of the run that built each stage, and under ``last_run`` this run's own: a
     re-run reuses finished stages in a moment, so where an earlier run of this directory took
-    longer for a stage, its time is kept at the top level (what the README's tables report).
-    ``built``: stage seconds recorded where a stage was built outside a demo run (pi_0 by `mopd
-    world pi0-check`: its pi0.json). The top-level total is at least the sum of the stages."""
+    longer for a stage, its time is kept at the top level (what the README's tables report),
+    unless ``rebuilt`` says this run built that stage again (other steps, say): then this run's
+    time replaces the old one. ``built``: stage seconds recorded where a stage was built outside a
+    demo run (pi_0 by `mopd world pi0-check`: its pi0.json). The top-level total is at least the
+    sum of the stages."""
     old = json.loads(path.read_text()) if path.is_file() else {}
-    built = built or {}
-    merged = {k: round(max(v, float(old.get(k, 0.0)), float(built.get(k, 0.0))), 1) for k, v in times.items()}
+    built, rebuilt = built or {}, rebuilt or {}
+    merged = {k: round(v if rebuilt.get(k) else max(v, float(old.get(k, 0.0)), float(built.get(k, 0.0))), 1)
+              for k, v in times.items()}
     if "total" in merged:
         merged["total"] = round(max(merged["total"], sum(v for k, v in merged.items() if k != "total")), 1)
+        if any(rebuilt.values()):
+            merged["total"] = round(sum(v for k, v in merged.items() if k != "total"), 1)
     merged["last_run"] = {k: round(v, 1) for k, v in times.items()}
     path.write_text(json.dumps(merged, indent=2))

@@ -131,3 +131,9 @@ def test_timings_keep_the_building_runs_stage_times_and_a_total_that_covers_them
     t2 = json.loads(path.read_text())
     assert {k: t2[k] for k in ("world", "pi0", "stage1", "total")} == {"world": 7.2, "pi0": 437.5, "stage1": 400.0,
                                                                        "total": 844.7}
+    # a run that built Stage I again (with fewer steps, say) replaces its time, and the total follows
+    _write_timings(path, {"world": 0.1, "pi0": 0.2, "stage1": 250.5, "total": 251.0}, built={"pi0": 437.5},
+                   rebuilt={"stage1": True})
+    t3 = json.loads(path.read_text())
+    assert {k: t3[k] for k in ("world", "pi0", "stage1", "total")} == {"world": 7.2, "pi0": 437.5, "stage1": 250.5,
+                                                                       "total": 695.2}
