@@ -139,6 +139,9 @@ def render_seeds(docs: Path) -> str:
     from mopd.demo_report import CLAIMS, SHORT_VERDICT, claim_name, with_claim_fields
 
     folders = sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):]))
+    if not folders:
+        return ("No untuned seed of the current demo is published yet (`mopd demo --seeds 1 2 3 4 5`, then "
+                "`mopd demo-docs publish runs/demo_seeds docs/demo_seeds`).")
     per = {d: [with_claim_fields(c) for c in json.loads((d / "claims.json").read_text())] for d in folders}
     names = []   # every claim of any folder: those of CLAIMS in its order, then the others as they appear
     for claims in per.values():

@@ -193,3 +193,9 @@ def test_seeds_block_from_single_seed_folders_takes_every_claim(tmp_path):
     assert lines[2] == "| 1 | n/a | +30.00 [+20.00, +40.00] | 10.0 min | [seed 1](docs/demo_seed1/report.md) |"
     assert lines[3] == ("| 2 | -10.00 [-20.00, -5.00] (below 0) | +30.00 [+20.00, +40.00] | 10.0 min | "
                         "[seed 2](docs/demo_seed2/report.md) |")
+
+
+def test_seeds_block_says_when_no_seed_is_published(tmp_path):
+    from mopd.demo_tables import render_seeds
+
+    assert "No untuned seed" in render_seeds(tmp_path)
