@@ -82,25 +82,33 @@ def test_async_records_equal_lockstep_records(tokenizer, workflow):
 
 
 def test_runs_do_not_wait_for_each_others_searches(tokenizer):
+    """Band 3's search is held until band 0's Answerer has run (at most 10 s): the asynchronous
+    scheduler runs band 0 on while that search is out; lock-step would hold band 0 until every
+    search of step 1 returned, and the search would be released only by the timeout. No wall-clock
+    assumption: on a loaded machine the order is the same."""
     log = []
+    band0_answered = threading.Event()
 
     def respond(prompt, params):
-        log.append((band(prompt), role_of(prompt), turn_of(prompt)))
+        key = (band(prompt), role_of(prompt), turn_of(prompt))
+        log.append(key)
+        if key == (0, "answerer", 1):
+            band0_answered.set()
         return uneven(prompt, params)
 
-    class Logged(SlowRetriever):
+    class HeldForBand0(FakeRetriever):
         def search(self, queries, k):
+            if any(q.startswith("q3.1.") for q in queries):
+                band0_answered.wait(10)
             out = super().search(queries, k)
             log.append(("searched", tuple(queries)))
             return out
 
-    slow = Logged(delay_for=lambda q: 1.0 if q.startswith("q3.1.") else 0.0)
-    recs = run_workflows_async(ScriptedEngine(tokenizer, respond), slow, tokenizer, questions(4),
+    recs = run_workflows_async(ScriptedEngine(tokenizer, respond), HeldForBand0(), tokenizer, questions(4),
                                settings_for("cmas"), attempts=1, method="m", progress=False)
-    # Band 0 never searches: its Answerer runs while the first searches (band 3's is slow) are
-    # still out; lock-step would hold it until every search of step 1 returned.
-    first_search = next(i for i, e in enumerate(log) if e[0] == "searched")
-    assert log.index((0, "answerer", 1)) < first_search
+    # Band 0 never searches: its Answerer ran while band 3's search was still out.
+    slow_search = next(i for i, e in enumerate(log) if e[0] == "searched" and any(q.startswith("q3.1.") for q in e[1]))
+    assert log.index((0, "answerer", 1)) < slow_search
     assert comparable(recs) == comparable(lockstep("cmas", tokenizer, uneven, 4, 1))
 
 
