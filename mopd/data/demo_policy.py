@@ -235,7 +235,7 @@ class DemoPolicy:
                 return f"<report>{self._guess(task, rng)}</report>"
             if not needs and not view.searches:  # a task it does not understand: search its words once
                 return f"<search>{(view.subtask or view.question).rstrip('.?')}</search>"
-            need = (self._next_independent_need if task.pair else self._next_need)(needs, view)
+            need = self._next_need(needs, view, independent=task.pair)
             if (need is not None and task.pair and need == needs[1] and view.searches
                     and self._found(needs[0], view.searches[-1]) and rng.random() >= self.style.both_facts):
                 need = None  # stops at the first fact, just found
@@ -243,24 +243,13 @@ class DemoPolicy:
                 return f"<search>{self._query(need, task.kind, rng)}</search>"
         return f"<report>{self._report(needs, view, task, rng)}</report>"
 
-    def _next_need(self, needs, view: PromptView, max_searches: int = 3, max_tries: int = 2):
+    def _next_need(self, needs, view: PromptView, max_searches: int = 3, max_tries: int = 2,
+                   independent: bool = False):
         """The first fact not found yet, when another search for it is allowed: at most
-        ``max_searches`` in all and ``max_tries`` per fact; None means report now."""
-        start = 0
-        for need in needs:
-            found_at = next((k for k in range(len(view.searches)) if self._found(need, view.searches[k])), None)
-            if found_at is not None:
-                start = max(start, found_at + 1)
-                continue
-            tries = len(view.searches) - start
-            return need if len(view.searches) < max_searches and tries < max_tries else None
-        return None
-
-    def _next_independent_need(self, needs, view: PromptView, max_searches: int = 3, max_tries: int = 2):
-        """Two independent facts, searched one after the other within the same limits as a chain
-        (``max_searches`` in all, ``max_tries`` per fact): a fact's tries start after the search
-        that found the fact before it, or after that fact's own tries ran out (no hop depends on
-        it); a fact already seen in an earlier search counts as found. None: report now."""
+        ``max_searches`` in all and ``max_tries`` per fact; None means report now. A fact's tries
+        start after the search that found the fact before it. In a chain a fact whose tries ran
+        out ends the search (the next hop depends on it); with ``independent`` facts (a pair
+        question) the next fact's tries start after them. A fact already seen counts as found."""
         start = 0
         for need in needs:
             found_at = next((k for k in range(len(view.searches)) if self._found(need, view.searches[k])), None)
@@ -270,6 +259,8 @@ class DemoPolicy:
             tries = len(view.searches) - start
             if tries < max_tries:
                 return need if len(view.searches) < max_searches else None
+            if not independent:
+                return None
             start += max_tries
         return None
 
