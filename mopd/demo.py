@@ -323,10 +323,9 @@ def _set_aside_if_stale(out: Path, settings: dict) -> None:
     retrained with other steps, say) is moved to ``out.replaced-N``, never resumed or deleted: its
     records would otherwise be refused by the evaluator, or, before evaluations were keyed on
     the model's weights, silently reused."""
-    from mopd.eval.runner import RUN_FILE
+    from mopd.eval.runner import settings_changes
 
-    f = out / RUN_FILE
-    if not f.is_file() or json.loads(f.read_text(encoding="utf-8")).get("settings") == settings:
+    if not settings_changes(out, settings):
         return
     n = 1
     while out.with_name(f"{out.name}.replaced-{n}").exists():

@@ -116,14 +116,21 @@ def read_finished(path: Path, attempts: int) -> Tuple[List[WorkflowRecord], Set[
     return kept, done
 
 
-def _check_settings(out: Path, settings: dict) -> None:
+def settings_changes(out: Path, settings: dict) -> dict:
+    """{key: (old, new)} where the evaluation in ``out`` was started with other fixed settings
+    (:meth:`EvalPlan.fixed_settings`); empty when it has none or the same."""
     f = out / RUN_FILE
-    if f.is_file():
-        old = json.loads(f.read_text(encoding="utf-8")).get("settings", {})
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if diff:
-            raise EvalError(f"{out} holds a run with other settings {diff} (old, new); "
-                            "use another --out directory or the same settings to resume")
+    if not f.is_file():
+        return {}
+    old = json.loads(f.read_text(encoding="utf-8")).get("settings", {})
+    return {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+
+
+def _check_settings(out: Path, settings: dict) -> None:
+    diff = settings_changes(out, settings)
+    if diff:
+        raise EvalError(f"{out} holds a run with other settings {diff} (old, new); "
+                        "use another --out directory or the same settings to resume")
 
 
 def _write_run_file(out: Path, settings: dict, questions: int, finished: int, extra: dict) -> None:
