@@ -247,15 +247,20 @@ SHORT_VERDICT = {"below": " (below 0)", "indistinguishable": " (not distinguisha
 
 
 def seed_summary_markdown(summary: dict) -> str:
-    """The multi-seed tables: per seed, then per claim pooled (both rendered into README.md)."""
+    """The multi-seed tables: per seed, per claim pooled, and per claim and question type pooled
+    (all three rendered into README.md)."""
     lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
-             seed_table(summary), "", pooled_table(summary), "",
-             f"Per seed: each claim's {summary['claims'][0]['metric'] if summary['claims'] else 'avg@K'} "
-             "difference with its question-bootstrap interval, marked where it does not hold (n/a: that "
-             "seed did not evaluate the claim's systems). Pooled: the mean over seeds of each seed's macro "
-             f"difference; interval: {summary['draws']:,} draws resampling seeds, then each drawn seed's "
-             "questions within each dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when "
-             "that seed's question-bootstrap interval lies above 0."]
+             seed_table(summary), "", pooled_table(summary), ""]
+    by_type = per_dataset_table(summary)
+    if by_type:
+        lines += ["Pooled over the seeds, per question type (the same bootstrap on one type's questions; bold: "
+                  "the interval lies on one side of 0):", "", by_type, ""]
+    lines += [f"Per seed: each claim's {summary['claims'][0]['metric'] if summary['claims'] else 'avg@K'} "
+              "difference with its question-bootstrap interval, marked where it does not hold (n/a: that "
+              "seed did not evaluate the claim's systems). Pooled: the mean over seeds of each seed's macro "
+              f"difference; interval: {summary['draws']:,} draws resampling seeds, then each drawn seed's "
+              "questions within each dataset (paired), 2.5th-97.5th percentiles. A claim holds on a seed when "
+              "that seed's question-bootstrap interval lies above 0."]
     return "\n".join(lines) + "\n"
 
 
@@ -287,6 +292,26 @@ def seed_table(summary: dict) -> str:
         tot = e.get("timings", {}).get("total")
         cells.append("n/a" if tot is None else f"{tot / 60:.1f} min")
         rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def per_dataset_table(summary: dict) -> str:
+    """A row per question type, a column per claim: the pooled difference on that type alone, with
+    its interval (bold where the interval lies on one side of 0); "" for a summary written before
+    claims had per-type pools."""
+    claims = [with_claim_fields(c) for c in summary["claims"] if c.get("per_dataset")]
+    if not claims:
+        return ""
+    datasets = sorted({d for c in claims for d in c["per_dataset"]})
+    rows = ["| question type | " + " | ".join(f"{c['kind']}: {claim_name(c)}" for c in claims) + " |",
+            "|" + "---|" * (len(claims) + 1)]
+    for d in datasets:
+        cells = []
+        for c in claims:
+            e = c["per_dataset"].get(d)
+            text = "n/a" if e is None else _interval(e)
+            cells.append(f"**{text}**" if e is not None and e["verdict"] != "indistinguishable" else text)
+        rows.append(f"| {d} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

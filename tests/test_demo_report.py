@@ -188,3 +188,17 @@ def test_seed_summary_of_the_committed_older_seed_reports(tmp_path):
     assert [(c["kind"], c["label"]) for c in summary["claims"]] == [("check", "Stage I training works"),
                                                                       ("check", "Stage II training works")]
     assert "| 1 | +30.87 [+26.63, +35.00] | +22.50 [+18.50, +26.63] | n/a | n/a | n/a |" in md
+
+
+def test_seed_summary_shows_each_claim_per_question_type(tmp_path):
+    from mopd.demo_report import write_seed_summary
+
+    for n, shift in ((1, 0.1), (2, 0.3)):
+        c = _claim("MultiAgent-OPD", "No Searcher supervision", shift, [shift - 0.05, shift + 0.05])
+        c["questions"] = ([{"dataset": "tiny_2hop", "id": f"a{i}", "base": 0.25, "trained": 0.25 + shift} for i in range(6)]
+                          + [{"dataset": "tiny_compare", "id": f"b{i}", "base": 0.5, "trained": 0.5} for i in range(6)])
+        _seed_dir(tmp_path, n, [c])
+    lines = write_seed_summary(tmp_path, [1, 2], draws=50).read_text().splitlines()
+    assert "| question type | primary: MultiAgent-OPD minus No Searcher supervision |" in lines
+    assert "| tiny_2hop | **+20.00 [+10.00, +30.00]** |" in lines     # seeds resampled: 0.1 or 0.3
+    assert "| tiny_compare | +0.00 [+0.00, +0.00] |" in lines

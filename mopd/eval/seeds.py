@@ -45,6 +45,31 @@ def pooled_difference(per_seed: Sequence[tuple[np.ndarray, np.ndarray, int]], dr
     return point, float(lo), float(hi)
 
 
+def _verdict(lo: float, hi: float) -> str:
+    return "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"
+
+
+def _question_differences(questions: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, int]:
+    """A claim's per-question differences (trained - base), their dataset index and dataset count."""
+    datasets = sorted({q["dataset"] for q in questions})
+    di = np.array([datasets.index(q["dataset"]) for q in questions])
+    return np.array([q["trained"] - q["base"] for q in questions], float), di, len(datasets)
+
+
+def pooled_by_dataset(per_seed_questions: Sequence[Sequence[dict]], draws: int, seed: int) -> dict:
+    """{dataset: {diff, ci, verdict, seeds}}: the same two-level bootstrap as the macro difference,
+    on one question type at a time, over the seeds whose claim has questions of that type (where
+    a macro difference is nil, this says which question types pull which way)."""
+    datasets = sorted({q["dataset"] for qs in per_seed_questions for q in qs})
+    out = {}
+    for d in datasets:
+        rows = [_question_differences([q for q in qs if q["dataset"] == d]) for qs in per_seed_questions
+                if any(q["dataset"] == d for q in qs)]
+        point, lo, hi = pooled_difference(rows, draws=draws, seed=seed)
+        out[d] = {"diff": point, "ci": [lo, hi], "verdict": _verdict(lo, hi), "seeds": len(rows)}
+    return out
+
+
 def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
                     order: Sequence[tuple[str, str]] = ()) -> dict:
     """The multi-seed summary from each seed's ``claims.json`` (with per-question values, see
@@ -54,7 +79,8 @@ def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
     Claims are matched by their (trained, base) systems, not their position, so seeds whose runs
     evaluated different systems pool what they share: each claim is pooled over the seeds that have
     it (``seeds`` counts them). Claims come in ``order`` (pairs of systems), then those ``order``
-    does not name, as they first appear. A claim's kind, label and verdict are kept when present."""
+    does not name, as they first appear. A claim's kind, label and verdict are kept when present;
+    its ``per_dataset`` entry pools each question type alone (:func:`pooled_by_dataset`)."""
     seeds = [str(n) for n in per_seed]
     entries = [per_seed[n] for n in per_seed]
     by_seed, found = [], []
@@ -71,19 +97,14 @@ def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
         metrics = {c["metric"] for _, c in have}
         if len(metrics) > 1:
             raise ValueError(f"claim {key[0]} vs {key[1]} is measured as {sorted(metrics)} on different seeds")
-        rows = []
-        for _, c in have:
-            qs = c["questions"]
-            datasets = sorted({q["dataset"] for q in qs})
-            di = np.array([datasets.index(q["dataset"]) for q in qs])
-            rows.append((np.array([q["trained"] - q["base"] for q in qs]), di, len(datasets)))
+        rows = [_question_differences(c["questions"]) for _, c in have]
         point, lo, hi = pooled_difference(rows, draws=draws, seed=seed)
         first = have[0][1]
         claim = {"trained": key[0], "base": key[1]}
         claim.update({k: first[k] for k in ("kind", "label") if k in first})
         claim.update({"metric": first["metric"], "seeds": len(have), "held": sum(bool(c["holds"]) for _, c in have),
-                      "diff": point, "ci": [lo, hi], "holds": lo > 0,
-                      "verdict": "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"})
+                      "diff": point, "ci": [lo, hi], "holds": lo > 0, "verdict": _verdict(lo, hi),
+                      "per_dataset": pooled_by_dataset([c["questions"] for _, c in have], draws, seed)})
         claims.append(claim)
     fields = ("trained", "base", "kind", "label", "metric", "diff", "ci", "holds", "verdict")
     out_seeds = {}

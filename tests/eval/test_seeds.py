@@ -104,3 +104,30 @@ def test_summarize_seeds_refuses_a_claim_measured_two_ways_or_listed_twice():
         summarize_seeds({0: {"claims": a}, 1: {"claims": b}}, draws=10, seed=0)
     with pytest.raises(ValueError, match="twice"):
         summarize_seeds({0: {"claims": a + a[:1]}}, draws=10, seed=0)
+
+
+def test_per_question_type_pools_say_which_type_pulls_which_way():
+    """A nil macro difference made of a gain on one type and a loss on another: the per-type pools
+    find both (and a type only one seed has pools over that seed alone)."""
+    rng = np.random.default_rng(7)
+
+    def questions(gain, loss, extra=False):
+        qs = [{"dataset": "chain", "id": f"c{i}", "base": 0.25, "trained": 0.25 + gain + rng.normal(0, 0.02)}
+              for i in range(13)]
+        qs += [{"dataset": "pair", "id": f"p{i}", "base": 0.75, "trained": 0.75 - loss + rng.normal(0, 0.02)}
+               for i in range(11)]
+        if extra:
+            qs += [{"dataset": "yes_no", "id": f"y{i}", "base": 0.5, "trained": 0.5} for i in range(5)]
+        return qs
+
+    claim = lambda qs: {"trained": "MultiAgent-OPD", "base": "No Searcher supervision", "kind": "primary",  # noqa: E731
+                        "metric": "avg@4", "diff": 0.0, "ci": [-0.1, 0.1], "holds": False, "questions": qs}
+    per_seed = {1: {"claims": [claim(questions(0.2, 0.2))]}, 2: {"claims": [claim(questions(0.3, 0.1, extra=True))]}}
+    (c,) = summarize_seeds(per_seed, draws=300, seed=0)["claims"]
+    by = c["per_dataset"]
+    assert set(by) == {"chain", "pair", "yes_no"}
+    assert by["chain"]["diff"] == pytest.approx(0.25, abs=0.01) and by["chain"]["verdict"] == "above"
+    assert by["pair"]["diff"] == pytest.approx(-0.15, abs=0.01) and by["pair"]["verdict"] == "below"
+    assert by["chain"]["ci"][0] < by["chain"]["diff"] < by["chain"]["ci"][1]
+    assert (by["yes_no"]["seeds"], by["chain"]["seeds"]) == (1, 2)
+    assert by["yes_no"]["diff"] == 0.0 and by["yes_no"]["verdict"] == "indistinguishable"
