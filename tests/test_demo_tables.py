@@ -31,6 +31,10 @@ def test_readme_claims_equal_claims_json():
         expect = [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1]))
                   for e in summary["per_seed"].values() for c in e["claims"]]
         expect += [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1])) for c in summary["claims"]]
+        # then the per-question-type pools, a row per type, a column per claim
+        types = sorted({d for c in summary["claims"] for d in c.get("per_dataset", {})})
+        expect += [(_pp(e["diff"]), _pp(e["ci"][0]), _pp(e["ci"][1])) for d in types
+                   for c in summary["claims"] if (e := c.get("per_dataset", {}).get(d))]
     else:
         expect = []
         for d in sorted((ROOT / "docs").glob("demo_seed[0-9]*"), key=lambda p: int(p.name[9:])):
