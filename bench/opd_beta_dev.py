@@ -3,7 +3,7 @@ Searcher OPD weight (beta), from the run's own pi_0 and Stage-I teacher, with th
 questions, steps and last-step export as its MultiAgent-OPD arm, evaluate it on dev and print its
 paired difference against that arm's dev evaluation, with the Searchers' teacher log-ratio over
 training and the no-search fraction. Reads nothing of the test split. Usage (bench/RESULTS.md,
-"OPD beta with the current pi_0"):
+"OPD beta 0.01 against beta 1 with the current pi_0"):
 
     PYTHONPATH=. python bench/opd_beta_dev.py runs/demo --beta 0.01
 

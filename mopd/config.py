@@ -830,7 +830,8 @@ def _tiny_stage2(base: Config, name: str) -> Config:
     # Those three choices were made with the first pass's pi_0 (the test split then). With the current
     # pi_0 (search_first 0.6), on seed 0's dev split, a session cut off before it could write its
     # records found that the paper's two coefficients also learn (MultiAgent-OPD +21.0 points of dev
-    # avg@4 against +26.3 with these) and beta 0 does not; kept, not re-measured (bench/RESULTS.md).
+    # avg@4 against +26.3 with these) and beta 0 does not; kept. With the pair world, beta 1 minus beta
+    # 0.01 on seed 0 dev: +3.75 [-1.56, +9.06] points (bench/RESULTS.md).
     cfg.reward.assign_coef = 0.0
     cfg.algo.roles["searcher"] = dataclasses.replace(cfg.algo.role("searcher"), opd_coef=1.0)
     cfg.trainer.lr = 5e-4

@@ -96,9 +96,10 @@ VERDICT_TEXT = {"above": "above 0", "below": "below 0", "indistinguishable": "no
 
 
 def verdict(ci) -> str:
-    """above / below when the whole 95% interval is on one side of 0, else indistinguishable."""
-    lo, hi = ci
-    return "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"
+    """above / below when the whole 95% interval ``ci`` is on one side of 0, else indistinguishable."""
+    from mopd.eval.seeds import interval_verdict
+
+    return interval_verdict(*ci)
 
 
 def claim_name(c: dict) -> str:
@@ -251,10 +252,7 @@ def seed_summary_markdown(summary: dict) -> str:
     (all three rendered into README.md)."""
     lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
              seed_table(summary), "", pooled_table(summary), ""]
-    by_type = per_dataset_table(summary)
-    if by_type:
-        lines += ["Pooled over the seeds, per question type (the same bootstrap on one type's questions; bold: "
-                  "the interval lies on one side of 0):", "", by_type, ""]
+    lines += per_dataset_section(summary)
     lines += [f"Per seed: each claim's {summary['claims'][0]['metric'] if summary['claims'] else 'avg@K'} "
               "difference with its question-bootstrap interval, marked where it does not hold (n/a: that "
               "seed did not evaluate the claim's systems). Pooled: the mean over seeds of each seed's macro "
@@ -313,6 +311,13 @@ def per_dataset_table(summary: dict) -> str:
             cells.append(f"**{text}**" if e is not None and e["verdict"] != "indistinguishable" else text)
         rows.append(f"| {d} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def per_dataset_section(summary: dict) -> List[str]:
+    """The per-type table with its one-line legend, as lines; none for an older summary."""
+    table = per_dataset_table(summary)
+    return ["Pooled over the seeds, per question type (the same bootstrap on one type's questions; bold: "
+            "the interval lies on one side of 0):", "", table, ""] if table else []
 
 
 def pooled_table(summary: dict) -> str:

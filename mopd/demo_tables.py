@@ -129,15 +129,14 @@ def render_seed0_timings(docs: Path) -> str:
 
 
 def render_seeds(docs: Path) -> str:
-    from mopd.demo_report import per_dataset_table, pooled_table, seed_table
+    from mopd.demo_report import per_dataset_section, pooled_table, seed_table
 
     summary_path = docs / "demo_seeds" / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         links = " ".join(f"[seed {n}]({docs.name}/demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
-        by_type = per_dataset_table(summary)
-        by_type = ["Pooled per question type (bold: the interval lies on one side of 0):", "", by_type, ""] if by_type else []
-        return "\n".join([seed_table(summary), "", pooled_table(summary), ""] + by_type + [f"Reports: {links}."])
+        return "\n".join([seed_table(summary), "", pooled_table(summary), ""] + per_dataset_section(summary)
+                         + [f"Reports: {links}."])
     from mopd.demo_report import CLAIMS, SHORT_VERDICT, claim_name, with_claim_fields
 
     folders = sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):]))

@@ -45,7 +45,8 @@ def pooled_difference(per_seed: Sequence[tuple[np.ndarray, np.ndarray, int]], dr
     return point, float(lo), float(hi)
 
 
-def _verdict(lo: float, hi: float) -> str:
+def interval_verdict(lo: float, hi: float) -> str:
+    """above / below when the whole 95% interval is on one side of 0, else indistinguishable."""
     return "above" if lo > 0 else "below" if hi < 0 else "indistinguishable"
 
 
@@ -66,7 +67,7 @@ def pooled_by_dataset(per_seed_questions: Sequence[Sequence[dict]], draws: int, 
         rows = [_question_differences([q for q in qs if q["dataset"] == d]) for qs in per_seed_questions
                 if any(q["dataset"] == d for q in qs)]
         point, lo, hi = pooled_difference(rows, draws=draws, seed=seed)
-        out[d] = {"diff": point, "ci": [lo, hi], "verdict": _verdict(lo, hi), "seeds": len(rows)}
+        out[d] = {"diff": point, "ci": [lo, hi], "verdict": interval_verdict(lo, hi), "seeds": len(rows)}
     return out
 
 
@@ -103,7 +104,7 @@ def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
         claim = {"trained": key[0], "base": key[1]}
         claim.update({k: first[k] for k in ("kind", "label") if k in first})
         claim.update({"metric": first["metric"], "seeds": len(have), "held": sum(bool(c["holds"]) for _, c in have),
-                      "diff": point, "ci": [lo, hi], "holds": lo > 0, "verdict": _verdict(lo, hi),
+                      "diff": point, "ci": [lo, hi], "holds": lo > 0, "verdict": interval_verdict(lo, hi),
                       "per_dataset": pooled_by_dataset([c["questions"] for _, c in have], draws, seed)})
         claims.append(claim)
     fields = ("trained", "base", "kind", "label", "metric", "diff", "ci", "holds", "verdict")
