@@ -17,7 +17,7 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from mopd.core.roles import ROLE_TABLE, role_names
 from mopd.core.workflows import workflow, workflow_names
@@ -52,6 +52,12 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
 
 DTYPES = {"auto", "float32", "bfloat16", "float16"}
 """Weight dtypes a model or engine can be loaded in (auto: per device)."""
+
+ROLLOUT_LOGPROBS_BF16 = (
+    "trainer.old_logprobs=rollout needs float32 training: in bfloat16 the engine's cached decoding "
+    "and the trainer's packed forward round differently, so pi_old would not be the trainer's; use "
+    "trainer.old_logprobs=recompute (or model.dtype=float32)")
+"""Why ``trainer.old_logprobs=rollout`` is refused in bf16 (explicit here, ``auto`` on CUDA in the trainer)."""
 
 SCHEDULERS = ("auto", "lockstep", "async")
 """Rollout schedulers (``rollout.scheduler``; ``mopd.rollout.async_scheduler.run_rollout``)."""
@@ -88,6 +94,10 @@ class ModelConfig:
     """Use Liger's RMSNorm/SwiGLU/RoPE kernels on CUDA when liger-kernel is installed."""
     attn_implementation: str = "auto"
     """auto (flash-attn varlen on CUDA when installed, else a block-diagonal masked SDPA), sdpa, eager."""
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra variables for every chat-template rendering of every call, in rollouts, evaluation and
+    training alike (e.g. ``model.chat_template_kwargs.enable_thinking=false`` for Qwen3's hybrid
+    models, which then write no reasoning)."""
 
     def __post_init__(self):
         _choice("model.dtype", self.dtype, DTYPES)
@@ -337,6 +347,10 @@ class TrainerConfig:
     """Global gradient-norm clip."""
     max_bad_steps: int = 3
     """Consecutive non-finite updates before the run stops (with a checkpoint)."""
+    max_signalless_steps: int = 3
+    """Consecutive steps without a learning signal (every trained token's advantage 0, or every
+    call an invalid action) before the run stops, with a checkpoint and the step's line; each such
+    step is named on the terminal with its invalid-call fraction per role. 0: never stop."""
     seed: int = 0
     """Seed of data order, rollouts and initialisation."""
     out_dir: str = "runs/default"
@@ -368,6 +382,7 @@ class TrainerConfig:
     def __post_init__(self):
         _choice("trainer.old_logprobs", self.old_logprobs, {"recompute", "rollout"})
         _positive("trainer.cpu_threads", self.cpu_threads, allow_zero=True)
+        _positive("trainer.max_signalless_steps", self.max_signalless_steps, allow_zero=True)
         for name in ("steps", "questions_per_step", "ppo_minibatches", "micro_batch_tokens",
                      "keep_checkpoints", "max_bad_steps", "val_attempts"):
             _positive(f"trainer.{name}", getattr(self, name))
@@ -439,6 +454,8 @@ class Config:
             if self.rollout.top_p < 1:
                 raise ConfigError(f"trainer.old_logprobs=rollout needs rollout.top_p=1 (got {self.rollout.top_p}): "
                                   "the engine records log-probs before the nucleus cut; use recompute")
+            if self.model.dtype == "bfloat16":
+                raise ConfigError(ROLLOUT_LOGPROBS_BF16)
 
     def opd_roles(self) -> List[str]:
         """Roles that learn from the OPD teacher (``teacher.path``)."""
@@ -626,6 +643,33 @@ def normalize_overrides(args: List[str]) -> List[str]:
     return out
 
 
+OPEN_MAPS = ("model.chat_template_kwargs",)
+"""Fields that take any keys (``model.chat_template_kwargs.enable_thinking=false``)."""
+
+
+def _known_key(key: str, valid: List[str]) -> bool:
+    return key in valid or any(key == m or key.startswith(m + ".") for m in OPEN_MAPS)
+
+
+def _empty_string(schema, key: str, value: str) -> str:
+    """An override's value as OmegaConf should read it: ``key=`` (nothing after the ``=``) is the
+    empty string for a string field (``data.dev=``: no dev set, ``teacher.path=``: no teacher),
+    where OmegaConf would read null and refuse it; elsewhere (an Optional field) it stays null."""
+    from omegaconf import StringNode
+
+    if value != "":
+        return value
+    node = schema
+    try:
+        for part in key.split("."):
+            node = node._get_node(part)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return value
+    if isinstance(node, StringNode) and not node._is_optional():
+        return "''"
+    return value
+
+
 ROLE_SECTIONS = ("algo", "reward")
 """Sections with a per-role map under ``roles``, whose keys may also name the role directly:
 ``algo.searcher.opd_coef`` is ``algo.roles.searcher.opd_coef``, ``reward.searcher`` is
@@ -695,10 +739,10 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
         items = []
         for it in normalize_overrides(list(overrides)):
             key, value = it.split("=", 1)
-            items.append(f"{role_key(key)}={value}")
+            items.append(f"{role_key(key)}={_empty_string(schema, role_key(key), value)}")
         for it in items:
             key = it.split("=", 1)[0]
-            if key not in valid:
+            if not _known_key(key, valid):
                 close = difflib.get_close_matches(key, valid, n=3)
                 hint = f"; did you mean {' or '.join(close)}?" if close else ""
                 section = key.rsplit(".", 1)[0] + "." if "." in key else ""

@@ -1,9 +1,11 @@
 """The action grammar as small pure parsers, one per role (docs/architecture.md, "The action grammar").
 
-An output is: optionally ``<think>...</think>`` first, then exactly the role's action tags, with
+An output is: optionally ``<think>...</think>`` first (or ``...</think>`` when the chat template's
+generation prompt opened the block), then exactly the role's action tags, with
 any whitespace around and between them and nothing else. Lenient about whitespace, strict about
 tags: text outside the tags, a second action, a nested or unclosed grammar tag, or an empty
-query/report/subtask/answer makes the output invalid. An invalid output is a value
+query/report/subtask/answer, or a placeholder copied from the instructions (``query``, ``...``),
+makes the output invalid. An invalid output is a value
 (``Action(kind="invalid", error=...)``), never an exception.
 
 - Searcher: one ``<search>query</search>`` or one ``<report>...</report>``.
@@ -21,6 +23,13 @@ from typing import Optional, Tuple
 TAG_NAMES = ("think", "search", "information", "report", "subtask", "select", "answer")
 _ANY_TAG = re.compile(r"</?(?:" + "|".join(TAG_NAMES) + r")>")
 _SELECT_BODY = re.compile(r"\s*\d+(?:\s*[,\s]\s*\d+)*\s*")
+PLACEHOLDERS = frozenset({"query", "...", "\u2026", "<...>", "your query", "search query"})
+"""Bodies copied from an instruction instead of written: a model that answers ``<search>query</search>``
+has not acted (real instruct models copy the prompt's placeholders)."""
+
+
+def is_placeholder(body: str) -> bool:
+    return body.strip().lower() in PLACEHOLDERS
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,11 @@ def split_think(text: str) -> Tuple[Optional[str], str, str]:
     """(think, rest, error): the leading think block and what follows it, or an error."""
     s = (text or "").strip()
     think = ""
+    close = s.find("</think>")
+    if not s.startswith("<think>") and close >= 0 and "<think>" not in s[:close]:
+        # A thinking model's generation prompt opens the block (Qwen3-2507 Thinking writes
+        # "<think>\n" itself), so its output is "reasoning</think>" and then the action.
+        s = "<think>" + s
     if s.startswith("<think>"):
         end = s.find("</think>")
         if end < 0:
@@ -85,6 +99,8 @@ def _single(rest: str, tag: str) -> Tuple[Optional[str], str]:
         return None, f"a tag inside <{tag}>"
     if not body.strip():
         return None, f"empty <{tag}>"
+    if is_placeholder(body):
+        return None, f"a placeholder inside <{tag}>"
     return body.strip(), ""
 
 
@@ -115,6 +131,8 @@ def parse_leader(text: str, n_reports: int) -> Action:
             return _invalid("a tag inside <subtask>")
         if any(not b.strip() for b in bodies):
             return _invalid("empty <subtask>")
+        if any(is_placeholder(b) for b in bodies):
+            return _invalid("a placeholder inside <subtask>")
         return Action(kind="subtasks", subtasks=tuple(b.strip() for b in bodies), think=think)
     if rest.startswith("<select>"):
         body, err = _single(rest, "select")

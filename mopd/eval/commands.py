@@ -100,12 +100,17 @@ def _run(args) -> int:
     from mopd.retriever import load_retriever
     from mopd.rollout.engines import build_engine, evaluation_dtype
 
-    engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
-    tokenizer = getattr(engine, "tokenizer", None)
-    if tokenizer is None:
-        from transformers import AutoTokenizer
+    from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    from mopd.rollout.chat import check_chat_template
+    from mopd.rollout.context import fit_context
+
+    # Before any engine starts: a template that cannot be continued, or limits past the context.
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    check_chat_template(tokenizer, cfg.model.chat_template_kwargs, name=args.model)
+    cfg = fit_context(cfg, args.model)
+    engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
+    tokenizer = getattr(engine, "tokenizer", None) or tokenizer
     retriever = load_retriever(cfg.retriever)
     method = args.method or Path(args.model).resolve().name
     try:

@@ -31,7 +31,6 @@ from mopd.rollout.prompts import (
     searcher_feedback,
 )
 from mopd.rollout.run_state import RunContext, to_record_passages
-from mopd.rollout.transcript import Transcript
 
 
 def _note_output_limit(ctx: RunContext, call_id: str, completion: Completion) -> None:
@@ -46,7 +45,7 @@ class Searcher:
         self.call = AgentCall(call_id=call_id, role="searcher", step=ctx.step,
                               parent=subtask if subtask is not None else question)
         ctx.record.calls.append(self.call)
-        self.transcript = Transcript(self.call, ctx.tokenizer, ctx.settings.max_input_tokens)
+        self.transcript = ctx.transcript(self.call)
         self.done = False
         self.report = ""
         self.pending_query: Optional[str] = None
@@ -62,7 +61,8 @@ class Searcher:
             self.call.step = self.ctx.step
             show = self.ctx.settings.searcher_sees_question
             if not self.transcript.start(render_searcher_prompt(self.ctx.tokenizer, self.question, self.subtask,
-                                                                force_report=force, show_question=show)):
+                                                                force_report=force, show_question=show,
+                                                                template_kwargs=self.ctx.settings.template_kwargs())):
                 self.ctx.event("limit", cid, "input")
         else:
             content = searcher_feedback(self._passages, invalid=self._invalid, force_report=force)
@@ -110,7 +110,7 @@ class Leader:
         self.question = question
         self.call = AgentCall(call_id="l0", role="leader", step=ctx.step, parent=question)
         ctx.record.calls.append(self.call)
-        self.transcript = Transcript(self.call, ctx.tokenizer, ctx.settings.max_input_tokens)
+        self.transcript = ctx.transcript(self.call)
         self.reports: List[Report] = []
         self.new_reports: List[Report] = []
         self.rounds = 0
@@ -133,7 +133,8 @@ class Leader:
         if self.transcript.turns == 0:
             self.call.step = self.ctx.step
             if not self.transcript.start(render_leader_prompt(self.ctx.tokenizer, self.question,
-                                                              force_select=bool(force))):
+                                                              force_select=bool(force),
+                                                              template_kwargs=self.ctx.settings.template_kwargs())):
                 self.ctx.event("limit", cid, "input")
         else:
             content = leader_feedback(self.new_reports, invalid=self._invalid, force_select=bool(force))
@@ -193,13 +194,14 @@ class AnswerRequest:
 
     def turn(self) -> GenerationRequest:
         ctx, n = self.ctx, self.ctx.settings.answer_candidates
-        prompt = render_answerer_prompt(ctx.tokenizer, self.question, self.reports)
+        prompt = render_answerer_prompt(ctx.tokenizer, self.question, self.reports,
+                                        template_kwargs=ctx.settings.template_kwargs())
         self.transcripts = []
         for j in range(n):
             call = AgentCall(call_id=f"{self.prefix}.{j}", role="answerer", step=ctx.step, group=self.group,
                              parent=self.question)
             ctx.record.calls.append(call)
-            t = Transcript(call, ctx.tokenizer, ctx.settings.max_input_tokens)
+            t = ctx.transcript(call)
             fits = t.start(prompt)
             self.transcripts.append(t)
             request = t.request(ctx.params("answerer", self.prefix, 0, n=n))

@@ -226,6 +226,7 @@ def run_workflows_async(engine, retriever, tokenizer, questions, settings: Workf
     says how the time went. Same arguments as :func:`mopd.rollout.scheduler.run_workflows`; the
     settings' ``retrieval_workers`` and ``retrieval_timeout_s`` shape the retrieval front.
     """
+    settings = settings.with_engine(engine)  # the transcripts stop where the engine does
     runs = new_runs(questions, attempts, tokenizer, settings, method)
     engine.reset_prefix_cache()  # cached prefixes may predate the weights
     bar = None

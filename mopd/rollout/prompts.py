@@ -98,16 +98,19 @@ def answerer_messages(question: str, reports: Sequence[str]) -> List[dict]:
 
 
 def render_searcher_prompt(tokenizer, question: str, subtask: Optional[str] = None,
-                           force_report: bool = False, show_question: bool = False) -> List[int]:
-    return render_ids(tokenizer, searcher_messages(question, subtask, force_report, show_question))
+                           force_report: bool = False, show_question: bool = False,
+                           template_kwargs: Optional[dict] = None) -> List[int]:
+    return render_ids(tokenizer, searcher_messages(question, subtask, force_report, show_question), template_kwargs)
 
 
-def render_leader_prompt(tokenizer, question: str, force_select: bool = False) -> List[int]:
-    return render_ids(tokenizer, leader_messages(question, force_select))
+def render_leader_prompt(tokenizer, question: str, force_select: bool = False,
+                         template_kwargs: Optional[dict] = None) -> List[int]:
+    return render_ids(tokenizer, leader_messages(question, force_select), template_kwargs)
 
 
-def render_answerer_prompt(tokenizer, question: str, reports: Sequence[str]) -> List[int]:
-    return render_ids(tokenizer, answerer_messages(question, reports))
+def render_answerer_prompt(tokenizer, question: str, reports: Sequence[str],
+                           template_kwargs: Optional[dict] = None) -> List[int]:
+    return render_ids(tokenizer, answerer_messages(question, reports), template_kwargs)
 
 
 # --------------------------------------------------------------------------------------------

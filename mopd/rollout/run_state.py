@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 from mopd.core.records import Event, Passage, WorkflowRecord
@@ -60,6 +60,21 @@ class WorkflowSettings:
     """Async scheduler: a search call not answered by then fails its runs; 0: wait."""
     scheduler: str = "auto"
     """auto (the engine's preference), lockstep or async (``rollout.scheduler``)."""
+    chat_template_kwargs: Tuple[Tuple[str, object], ...] = ()
+    """``model.chat_template_kwargs`` as pairs: passed to every chat-template rendering of a call."""
+    eos_ids: Tuple[int, ...] = ()
+    """Token ids the engine stops on (its generation config's EOS ids as well as the tokenizer's);
+    empty: the tokenizer's EOS. The schedulers fill it from the engine (:meth:`with_engine`)."""
+
+    def template_kwargs(self) -> dict:
+        return dict(self.chat_template_kwargs)
+
+    def with_engine(self, engine) -> "WorkflowSettings":
+        """These settings with the engine's EOS ids, unless they name their own."""
+        eos = getattr(engine, "eos_ids", None)
+        if self.eos_ids or not eos:
+            return self
+        return dataclasses.replace(self, eos_ids=tuple(sorted(int(i) for i in eos)))
 
     @classmethod
     def for_training(cls, cfg, seed: int) -> "WorkflowSettings":
@@ -71,7 +86,8 @@ class WorkflowSettings:
                    max_output_tokens=r.max_output_tokens, answer_candidates=r.answer_candidates,
                    temperature=r.temperature, top_p=r.top_p, seed=seed, topk=cfg.retriever.topk,
                    max_batch_calls=r.max_batch_calls, retrieval_workers=4 if cfg.retriever.kind == "http" else 1,
-                   scheduler=r.scheduler)
+                   scheduler=r.scheduler,
+                   chat_template_kwargs=tuple(sorted(dict(cfg.model.chat_template_kwargs or {}).items())))
 
     @classmethod
     def for_evaluation(cls, cfg, workflow: str = "", seed: int | None = None) -> "WorkflowSettings":
@@ -120,6 +136,14 @@ class RunContext:
     def event(self, kind: str, call_id: str = "", text: str = "", passages=None, selection=None) -> None:
         self.record.events.append(Event(kind=kind, step=self.step, call_id=call_id, text=text,
                                         passages=list(passages or []), selection=list(selection or [])))
+
+    def transcript(self, call) -> "Transcript":
+        """A transcript of ``call`` under these settings' limits, EOS ids and template kwargs."""
+        from mopd.rollout.transcript import Transcript
+
+        s = self.settings
+        return Transcript(call, self.tokenizer, s.max_input_tokens, eos_ids=s.eos_ids,
+                          template_kwargs=s.template_kwargs())
 
     def params(self, role: str, call_id: str, turn: int, n: int = 1) -> SamplingParams:
         """Sampling of one turn; its seed depends only on the run, the call and the turn, so a

@@ -95,6 +95,7 @@ def run_workflows(engine, retriever, tokenizer, questions, settings: WorkflowSet
     """Run ``attempts`` workflows of ``settings.workflow`` on every question; records come back
     question by question, attempts in order. Sampling of every call is seeded from (seed, question,
     attempt, call, turn), so a record does not depend on what it was batched with."""
+    settings = settings.with_engine(engine)  # the transcripts stop where the engine does
     runs = new_runs(questions, attempts, tokenizer, settings, method)
     engine.reset_prefix_cache()  # cached prefixes may predate the weights
     bar = None

@@ -21,11 +21,13 @@ from mopd.rollout.chat import continuation_ids
 
 
 class Transcript:
-    def __init__(self, call: AgentCall, tokenizer, max_input_tokens: int, eos_ids=None):
+    def __init__(self, call: AgentCall, tokenizer, max_input_tokens: int, eos_ids=None, template_kwargs=None):
         self.call = call
         self.tokenizer = tokenizer
         self.max_input_tokens = max_input_tokens
-        self.eos_ids = set(eos_ids) if eos_ids is not None else {tokenizer.eos_token_id}
+        self.eos_ids = set(eos_ids) if eos_ids else {tokenizer.eos_token_id}
+        """The ids the engine stops on (the generation config's EOS ids as well as the tokenizer's)."""
+        self.template_kwargs = template_kwargs
         self.turns = 0
 
     def start(self, prompt_ids: List[int]) -> bool:
@@ -41,7 +43,9 @@ class Transcript:
     def append_env(self, content: str) -> bool:
         """Append an environment turn; returns False (appending nothing) when the next prompt
         would exceed the input limit."""
-        ids = continuation_ids(self.tokenizer, content, after_eos=self.ended_with_eos())
+        eos = self.ended_with_eos()
+        ids = continuation_ids(self.tokenizer, content, after_eos=eos, template_kwargs=self.template_kwargs,
+                               eos_text=self.tokenizer.decode([self.call.segments[-1].token_ids[-1]]) if eos else "")
         if len(self.call) + len(ids) > self.max_input_tokens:
             self.call.truncated_input = True
             return False

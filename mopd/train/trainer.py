@@ -51,8 +51,11 @@ class PolicyTrainer:
                  rollout_fn=None):
         cfg.check_trainable()
         self._owns_process_group = init_distributed()
-        self.cfg = cfg
         self.rank, self.world = rank_and_world()
+        from mopd.rollout.context import fit_context
+
+        cfg = fit_context(cfg, cfg.model.path, log=print if self.rank == 0 else (lambda _: None))
+        self.cfg = cfg
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
         self.run_dir = Path(cfg.trainer.out_dir)
@@ -66,6 +69,9 @@ class PolicyTrainer:
         self.model, self.tokenizer = load_causal_lm(
             cfg.model.path, dtype=master_dtype(cfg.model.dtype, self.device, self.sharded),
             device=self.device, attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
+        from mopd.rollout.chat import check_chat_template
+
+        check_chat_template(self.tokenizer, cfg.model.chat_template_kwargs, name=cfg.model.path)
         self.model.train()
         self.policy = PackedCausalLM(self.model)
         if self.sharded:

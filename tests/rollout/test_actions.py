@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mopd.core.actions import parse_answerer, parse_leader, parse_searcher, split_think
+from mopd.core.actions import is_placeholder, parse_answerer, parse_leader, parse_searcher, split_think
 
 
 @pytest.mark.parametrize("text,kind,body", [
@@ -70,13 +70,13 @@ _plain = st.text(alphabet=st.characters(blacklist_characters="<>", blacklist_cat
 @given(_plain, st.sampled_from(["", " ", "\n", "\n\n  "]), st.sampled_from(["", " ", "\n"]))
 def test_any_plain_query_round_trips(query, pad_left, pad_right):
     a = parse_searcher(f"{pad_left}<search>{query}</search>{pad_right}")
-    if query.strip():
+    if query.strip() and not is_placeholder(query):
         assert a.kind == "search" and a.text == query.strip()
     else:
         assert a.kind == "invalid"
 
 
-@given(st.lists(_plain.filter(str.strip), min_size=1, max_size=6))
+@given(st.lists(_plain.filter(lambda s: s.strip() and not is_placeholder(s)), min_size=1, max_size=6))
 def test_any_subtask_list_round_trips(subtasks):
     text = "\n".join(f"<subtask>{s}</subtask>" for s in subtasks)
     assert parse_leader(text, 0).subtasks == tuple(s.strip() for s in subtasks)
@@ -91,3 +91,28 @@ def test_search_queries_count_complete_non_empty_tags_in_any_output():
     assert search_queries("<think>maybe <search>no</search></think><report>r</report>") == ()
     assert search_queries("<think>unclosed <search>q</search>") == ("q",)
     assert search_queries("") == ()
+
+
+@pytest.mark.parametrize("text, kind, think", [
+    ("Reasoning first.\n</think>\n\n<search>band 7 formed</search>", "search", "Reasoning first."),
+    ("</think><report>Band 7 formed in Oslo.</report>", "report", ""),
+    ("<think>a</think><search>b</search>", "search", "a"),
+])
+def test_a_think_block_opened_by_the_generation_prompt_is_skipped(text, kind, think):
+    """Qwen3-2507 Thinking's generation prompt writes ``<think>\\n``; its output is the rest of the
+    block, ``</think>``, then the action."""
+    a = parse_searcher(text)
+    assert (a.kind, a.think) == (kind, think)
+
+
+@pytest.mark.parametrize("text", ["<search>query</search>", "<search> Query </search>", "<report>...</report>",
+                                  "<report>\u2026</report>", "<answer><...></answer>"])
+def test_placeholders_copied_from_the_instructions_are_invalid(text):
+    parse = parse_answerer if "answer" in text else parse_searcher
+    a = parse(text)
+    assert not a.valid and "placeholder" in a.error
+
+
+def test_placeholder_subtasks_are_invalid_but_real_ones_are_not():
+    assert not parse_leader("<subtask>...</subtask>", 0).valid
+    assert parse_leader("<subtask>find the query language of Oslo</subtask>", 0).valid

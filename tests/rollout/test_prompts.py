@@ -10,11 +10,11 @@ from mopd.rollout.chat import ChatTemplateError, chat_format, continuation_ids, 
 
 def test_chat_format_is_cut_from_the_template(tokenizer):
     fmt = chat_format(tokenizer)
-    assert fmt.assistant_end == "<|im_end|>\n"
-    assert fmt.user_prefix == "<|im_start|>user\n"
+    assert fmt.turn_end == "<|im_end|>\n<|im_start|>user\n"
     assert fmt.user_suffix == "<|im_end|>\n<|im_start|>assistant\n"
-    assert fmt.continuation("c", after_eos=True) == "\n<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n"
-    assert fmt.continuation("c", after_eos=False).startswith("<|im_end|>\n<|im_start|>user\nc")
+    assert fmt.system_role
+    assert fmt.continuation("c", ended_with="<|im_end|>") == "\n<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n"
+    assert fmt.continuation("c").startswith("<|im_end|>\n<|im_start|>user\nc")
 
 
 def test_segments_concatenate_to_the_rendered_conversation(tokenizer):
