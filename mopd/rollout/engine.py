@@ -74,3 +74,31 @@ class Engine(Protocol):
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt prefixes (their keys/values belong to the previous weights)."""
         ...
+
+
+def eos_ids_of(tokenizer, *eos_fields) -> set:
+    """Every id a generation stops on: the tokenizer's EOS and each given ``eos_token_id`` field
+    (the generation config's and the model config's; each an id, a list of ids, or None). Qwen3
+    stops on ``<|im_end|>`` and ``<|endoftext|>``, only one of which is the tokenizer's EOS."""
+    ids = set()
+    for src in (*eos_fields, tokenizer.eos_token_id):
+        if src is None:
+            continue
+        ids.update(src if isinstance(src, (list, tuple)) else [src])
+    return {int(i) for i in ids}
+
+
+def model_dir_eos_ids(model_path: str, tokenizer) -> set:
+    """:func:`eos_ids_of` a model directory's ``generation_config.json`` and ``config.json`` (what
+    vLLM stops on by default)."""
+    import json
+    from pathlib import Path
+
+    fields = []
+    for name in ("generation_config.json", "config.json"):
+        try:
+            fields.append(json.loads((Path(model_path) / name).read_text(encoding="utf-8")).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return eos_ids_of(tokenizer, *fields)
+

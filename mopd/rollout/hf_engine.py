@@ -20,20 +20,15 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from mopd.core.generation import Completion, GenerationRequest
-from mopd.rollout.engine import EngineCapabilities
+from mopd.rollout.engine import EngineCapabilities, eos_ids_of
 from mopd.rollout.kv_layers import layer_kv
 from mopd.rollout.prefix_store import LayerKV, PrefixStore
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
 
 
 def _eos_ids(model, tokenizer) -> set:
-    ids = set()
-    for src in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-                getattr(model.config, "eos_token_id", None), tokenizer.eos_token_id):
-        if src is None:
-            continue
-        ids.update(src if isinstance(src, (list, tuple)) else [src])
-    return {int(i) for i in ids}
+    return eos_ids_of(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                      getattr(model.config, "eos_token_id", None))
 
 
 class HFEngine:

@@ -261,6 +261,10 @@ class VLLMEngine:
                 os.environ["LOCAL_RANK"] = local_rank
             _restore_rng_states(states)
         self.tokenizer = self.llm.get_tokenizer()
+        from mopd.rollout.engine import model_dir_eos_ids
+
+        self.eos_ids = model_dir_eos_ids(model_path, self.tokenizer)
+        """What vLLM stops on (the generation config's EOS ids and the tokenizer's): the transcripts'."""
         self.sleeps = bool(kwargs.get("enable_sleep_mode"))
         """Whether ``sleep`` frees memory (a platform without sleep mode keeps the engine resident; the
         tags are tracked all the same, so a misordered cycle fails on every platform alike)."""
