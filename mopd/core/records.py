@@ -329,3 +329,21 @@ def write_records(path: str | os.PathLike, records: Iterable[WorkflowRecord], ap
         f.flush()
         os.fsync(f.fileno())
     return n
+
+
+def format_validity(records: Iterable[WorkflowRecord]) -> dict:
+    """{role: (valid calls, calls)} over ``records``, in role-table order, roles with calls only:
+    how well a model writes the action grammar (``mopd eval run`` prints it; a new model's first check)."""
+    counts = {r: [0, 0] for r in role_names()}
+    for rec in records:
+        for c in rec.calls:
+            n = counts.setdefault(c.role, [0, 0])
+            n[0] += not c.invalid
+            n[1] += 1
+    return {r: (v, n) for r, (v, n) in counts.items() if n}
+
+
+def format_validity_line(records: Iterable[WorkflowRecord]) -> str:
+    """``format validity: leader 0.25 (15/60 calls), searcher ...``: one line for the terminal."""
+    parts = [f"{r} {v / n:.2f} ({v}/{n} calls)" for r, (v, n) in format_validity(records).items()]
+    return "format validity: " + (", ".join(parts) if parts else "no calls")

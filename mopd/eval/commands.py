@@ -122,6 +122,9 @@ def _run(args) -> int:
                               log=print)
     except EvalError as e:
         raise UserError(str(e)) from None
+    from mopd.core.records import format_validity_line, iter_records
+
+    print(format_validity_line(iter_records(path)))
     print(f"records: {path}")
     return 0
 

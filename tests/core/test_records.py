@@ -111,3 +111,15 @@ def test_score_cli(tmp_path, capsys):
     assert out["nq"] == {"n": 2, "strict_em": 0.5, "flexible_em": 1.0}
     assert out["hotpotqa"]["strict_em"] == 0.0
     assert out["macro"]["strict_em"] == 0.25 and out["macro"]["flexible_em"] == 0.5
+
+
+def test_format_validity_counts_valid_calls_per_role_in_role_order():
+    from mopd.core.records import format_validity, format_validity_line
+
+    a, b = make_record(0), make_record(1)
+    b.calls[0].invalid = True
+    b.calls.append(AgentCall(call_id="l0", role="leader", invalid=True))
+    assert format_validity([a, b]) == {"leader": (0, 1), "searcher": (1, 2), "answerer": (2, 2)}
+    assert format_validity_line([a, b]) == ("format validity: leader 0.00 (0/1 calls), searcher 0.50 (1/2 calls), "
+                                            "answerer 1.00 (2/2 calls)")
+    assert format_validity_line([]) == "format validity: no calls"
