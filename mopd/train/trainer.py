@@ -23,10 +23,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.algo.advantages import role_specs, step_advantages
-from mopd.config import Config, ConfigError, to_dict, to_yaml
+from mopd.config import ROLLOUT_LOGPROBS_BF16, Config, ConfigError, to_dict, to_yaml
+from mopd.core.roles import role_names
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.train import checkpoint as ckpt
 from mopd.train.distributed import all_reduce, init_distributed, leave_process_group, rank_and_world
+from mopd.train.learning_signal import (ALL_INVALID, all_invalid, counts_tensor, invalid_fractions, logprob_gap_sums,
+                                        no_signal_reason, role_call_counts, role_fractions, signal_token_counts)
 from mopd.train.metrics_log import MetricsLogger, plot_training
 from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
@@ -109,6 +112,9 @@ class PolicyTrainer:
         self._load_data()
         self.step = 0
         self.bad_steps = 0
+        self.signalless_steps = 0
+        """Steps in a row without a learning signal (``trainer.max_signalless_steps``)."""
+        self._bar = None
         self._saved_step: Optional[int] = None
         """The step of the last checkpoint this trainer wrote (a best validation re-uses it)."""
         self.logger = MetricsLogger(self.run_dir, cfg.trainer.tensorboard, cfg.trainer.wandb_project,
@@ -146,6 +152,9 @@ class PolicyTrainer:
         offer = None if self.sharded else (self.model, self.tokenizer)
         engine = build_engine(cfg.rollout, cfg.model.path, dtype=cfg.model.dtype, device=str(self.device),
                               trainer_model=offer)
+        if cfg.trainer.old_logprobs == "rollout" and resolve_dtype(cfg.model.dtype, self.device) == torch.bfloat16:
+            raise ConfigError(ROLLOUT_LOGPROBS_BF16 + f" (model.dtype={cfg.model.dtype} trains in bfloat16 on "
+                              f"{self.device.type})")
         if cfg.trainer.old_logprobs == "rollout" and not capabilities_of(engine).trainer_logprobs:
             raise ConfigError(f"trainer.old_logprobs=rollout needs an engine whose sampling log-probs are the "
                               f"trainer's; rollout.engine={cfg.rollout.engine} computes them differently "
@@ -161,7 +170,8 @@ class PolicyTrainer:
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
         return {"sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "bad_steps": self.bad_steps, "model_path": self.cfg.model.path, "method": self.cfg.method,
+                "bad_steps": self.bad_steps, "signalless_steps": self.signalless_steps,
+                "model_path": self.cfg.model.path, "method": self.cfg.method,
                 "base_model_weights": ckpt.run_base_model_weights(self.run_dir)}
 
     def save(self) -> Path:
@@ -218,6 +228,7 @@ class PolicyTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.bad_steps = int(state.get("bad_steps", 0))
+        self.signalless_steps = int(state.get("signalless_steps", 0))
         self._refresh_engine()
         if self.rank == 0:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
@@ -240,6 +251,7 @@ class PolicyTrainer:
             kl_sums = step.per_call_sums(kl) if kl is not None else None
             rewards, advantages = step_advantages(cfg, records, kl_sums, judge)
             step.fill_advantages(advantages)
+            signal = self._signal_counts(records, step.batches)
         with timer("train"):
             losses = self.update(step.batches)
         self.scheduler.step()
@@ -251,7 +263,43 @@ class PolicyTrainer:
         m["lr"] = self.scheduler.get_last_lr()[0]
         if judge is not None:
             m["critic/unparsable"] = self.unparsable_verdicts
+        m.update(self._check_signal(signal, m))
         return m
+
+    def _signal_counts(self, records, batches: List[PackedBatch]) -> List[float]:
+        """The step's calls and invalid calls per role, its trained tokens and those with a non-zero
+        advantage, and the engine-vs-trainer log-prob gap's sum: summed over ranks (every rank then
+        decides alike whether the run stops)."""
+        parts = [role_call_counts(records), signal_token_counts(batches, role_specs(self.cfg.algo)),
+                 logprob_gap_sums(batches) if self.cfg.trainer.old_logprobs == "recompute" else [0.0, 0.0]]
+        return all_reduce(counts_tensor(parts, self.device)).cpu().tolist()
+
+    def _check_signal(self, counts: List[float], m: Dict[str, float]) -> Dict[str, float]:
+        """The step's invalid-call fractions and log-prob gap as metrics; a step without a learning
+        signal is named in one line, and ``trainer.max_signalless_steps`` of them in a row stop the
+        run (that line, after a checkpoint)."""
+        n = 2 * len(role_names())
+        invalid = invalid_fractions(counts[:n])
+        out = {f"rollout/invalid_call_frac/{r}": f for r, f in invalid.items()}
+        gap, gap_tokens = counts[n + 2:n + 4]
+        if gap_tokens:   # the engine's sampling log-probs against the recomputed pi_old
+            out["rollout_logprob_gap"] = gap / gap_tokens
+        reason = no_signal_reason(counts[n:n + 2], invalid)
+        if reason is None:
+            self.signalless_steps = 0
+            return out
+        self.signalless_steps += 1
+        line = f"step {self.step}: no learning signal: {reason}; {role_fractions('invalid calls', invalid)}"
+        self.logger.event(self.step, "no_signal", line, consecutive=self.signalless_steps)
+        limit = self.cfg.trainer.max_signalless_steps
+        if not limit or self.signalless_steps < limit:
+            self._say(line)
+            return out
+        self.logger.log(self.step, {**m, **out})
+        path = self.save()
+        raise TrainingError(f"{line}. Stopped after {self.signalless_steps} such steps in a row (checkpoint "
+                            f"{path}): check that the model writes the action format (its chat template, "
+                            "model.path), or set trainer.max_signalless_steps=0 to train on")
 
     def rollout(self, questions, settings: WorkflowSettings, attempts: int) -> List:
         """Workflow records of ``questions`` under ``settings`` (the engine stays awake)."""
@@ -375,9 +423,19 @@ class PolicyTrainer:
         settings = WorkflowSettings.for_evaluation(self.cfg, seed=VALIDATION_SEED + self.step)
         records = self.rollout(self.dev_questions[self.rank::self.world], settings,
                                attempts=self.cfg.trainer.val_attempts)
-        counts = torch.tensor(validation_counts(records), dtype=torch.float64, device=self.device)
-        counts = all_reduce(counts)
-        return validation_metrics(counts.cpu().tolist())
+        val = validation_counts(records)
+        counts = all_reduce(counts_tensor([val, role_call_counts(records)], self.device)).cpu().tolist()
+        m = validation_metrics(counts[:len(val)])
+        invalid = invalid_fractions(counts[len(val):])
+        valid = {r: 1.0 - f for r, f in invalid.items()}
+        m.update({f"val/valid_call_frac/{r}": v for r, v in valid.items()})
+        if all_invalid(invalid):
+            line = f"validation at step {self.step}: {ALL_INVALID}; {role_fractions('invalid calls', invalid)}"
+            self.logger.event(self.step, "no_signal", line)
+        else:
+            line = f"validation at step {self.step}: val/em {m['val/em']:.4f}; {role_fractions('valid calls', valid)}"
+        self._say(line)
+        return m
 
     def fit(self, steps: Optional[int] = None) -> Dict[str, float]:
         """Train until ``steps`` (default trainer.steps); checkpoints, validation, logs, plots.
@@ -392,7 +450,7 @@ class PolicyTrainer:
             raise TrainingError(f"{self.run_dir} is at step {self.step}, past trainer.steps={target}: it cannot "
                                 "be shortened; train into a new out_dir, or ask for at least that many steps")
         last: Dict[str, float] = {}
-        bar = self._progress_bar(target)
+        bar = self._bar = self._progress_bar(target)
         interrupted = False
         try:
             with sigterm_as_interrupt():
@@ -410,6 +468,7 @@ class PolicyTrainer:
         finally:
             if bar is not None:
                 bar.close()
+            self._bar = None
         if self._saved_step != self.step:   # not when this step's checkpoint exists
             self.save()
         if self.rank == 0:
@@ -466,7 +525,11 @@ class PolicyTrainer:
 
     def _say(self, line: str) -> None:
         """One line on the terminal (stderr, rank 0), beside the event the logs keep."""
-        if self.rank == 0:
+        if self.rank != 0:
+            return
+        if self._bar is not None:   # above the progress bar, which redraws below
+            self._bar.write(f"mopd: {line}", file=sys.stderr)
+        else:
             print(f"mopd: {line}", file=sys.stderr, flush=True)
 
     def close(self, *, failed: bool = False) -> None:
