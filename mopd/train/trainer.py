@@ -124,6 +124,7 @@ class PolicyTrainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             if self._skipped_rows:
                 self.logger.event(0, "data", f"skipped {self._skipped_rows} malformed training rows")
+        self._say_if_not_tiny()
         if resume:
             self.resume()
 
@@ -300,6 +301,16 @@ class PolicyTrainer:
         raise TrainingError(f"{line}. Stopped after {self.signalless_steps} such steps in a row (checkpoint "
                             f"{path}): check that the model writes the action format (its chat template, "
                             "model.path), or set trainer.max_signalless_steps=0 to train on")
+
+    def _say_if_not_tiny(self) -> None:
+        """A tiny_* preset's hyperparameters (lr 3e-4 and up) were chosen for the tiny world's 0.7M
+        model; with a larger model (a real one) they are likely to wreck it: say so."""
+        from mopd.train.model import tiny_preset_mismatch
+
+        line = tiny_preset_mismatch(self.cfg, self.model)
+        if line:
+            self.logger.event(self.step, "tiny_preset", line)
+            self._say(line)
 
     def rollout(self, questions, settings: WorkflowSettings, attempts: int) -> List:
         """Workflow records of ``questions`` under ``settings`` (the engine stays awake)."""
