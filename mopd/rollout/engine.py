@@ -81,7 +81,7 @@ def eos_ids_of(tokenizer, *eos_fields) -> set:
     (the generation config's and the model config's; each an id, a list of ids, or None). Qwen3
     stops on ``<|im_end|>`` and ``<|endoftext|>``, only one of which is the tokenizer's EOS."""
     ids = set()
-    for src in (*eos_fields, tokenizer.eos_token_id):
+    for src in (*eos_fields, getattr(tokenizer, "eos_token_id", None)):
         if src is None:
             continue
         ids.update(src if isinstance(src, (list, tuple)) else [src])
