@@ -848,6 +848,9 @@ def _tiny(cfg: Config, steps: int) -> Config:
     cfg.rollout.max_input_tokens = 2048
     cfg.rollout.max_output_tokens = 64
     cfg.data.dev_size = 40
+    # float32 everywhere, GPU included: old_logprobs=rollout needs the engine's and the trainer's
+    # log-probs to agree, which bf16 does not give (ROLLOUT_LOGPROBS_BF16); the 0.7M model costs nothing.
+    cfg.model.dtype = "float32"
     cfg.description = "[tiny world] " + cfg.description
     return cfg
 
