@@ -38,9 +38,16 @@ class LoadReport:
     loaded: int = 0
     skipped: int = 0
     problems: List[str] = field(default_factory=list)
+    aliases_dropped: int = 0
+    """Gold answers that normalise to nothing (e.g. "A", "the"), dropped from rows that keep others."""
+    alias_notes: List[str] = field(default_factory=list)
+    """Where the first few dropped answers were (file:line or row, id, the answer)."""
 
 
-def _example_from_flashrag(row, dataset: str, where: str) -> QAExample:
+MAX_ALIAS_NOTES = 20
+
+
+def _example_from_flashrag(row, dataset: str, where: str) -> Tuple[QAExample, List[str]]:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object")
     for key in ("id", "question", "golden_answers"):
@@ -53,21 +60,27 @@ def _example_from_flashrag(row, dataset: str, where: str) -> QAExample:
         answers = [answers]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
         raise DataError(f"{where}: field 'golden_answers' must be a non-empty list of strings")
-    _check_answers(answers, f"{where} (id {row['id']})", "golden_answers")
+    kept, dropped = _usable_answers(answers, f"{where} (id {row['id']})", "golden_answers")
     ds = row.get("dataset") or row.get("data_source") or dataset
-    return QAExample(id=str(row["id"]), dataset=str(ds), question=q.strip(), answers=list(answers))
+    return QAExample(id=str(row["id"]), dataset=str(ds), question=q.strip(), answers=kept), dropped
 
 
-def _check_answers(answers: List[str], where: str, key: str) -> None:
-    """Every gold answer must keep some text after SQuAD normalisation: an empty one (``""``,
-    blanks, a lone article or punctuation) equals the normalised empty answer, and an answer of
-    just "the", so exact match would pay full reward for saying nothing."""
+def _usable_answers(answers: List[str], where: str, key: str) -> Tuple[List[str], List[str]]:
+    """The gold answers that keep some text after SQuAD normalisation, and the notes of those dropped.
+
+    An empty one (``""``, blanks, a lone article such as "A", punctuation) equals the normalised
+    empty answer, so exact match would pay full reward for saying nothing: it is dropped (the row
+    keeps its other answers) and noted. A row left with no answer is malformed."""
     from mopd.core.scoring import normalize_answer
 
-    for i, a in enumerate(answers):
-        if not normalize_answer(a):
-            raise DataError(f"{where}: {key}[{i}] is {a!r}, empty after answer normalisation (lowercase, no "
-                            "punctuation or articles): it would score an empty answer as correct; fix or drop it")
+    kept = [a for a in answers if normalize_answer(a)]
+    if not kept:
+        raise DataError(f"{where}: {key} is {answers!r}, every answer empty after answer normalisation "
+                        "(lowercase, no punctuation or articles): it would score an empty answer as correct; "
+                        "fix or drop the row")
+    dropped = [f"{where}: dropped {key}[{i}] {a!r} (empty after answer normalisation)"
+               for i, a in enumerate(answers) if not normalize_answer(a)]
+    return kept, dropped
 
 
 def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
@@ -101,17 +114,22 @@ def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
 
 
 def _collect(items, parse, path: Path, skip_malformed: bool) -> Tuple[List[QAExample], LoadReport]:
-    """Parse every item; a DataError stops the load, or is counted and skipped when asked."""
+    """Parse every item into (example, notes of dropped answers); a DataError stops the load, or is
+    counted and skipped when asked."""
     report = LoadReport(str(path))
     out: List[QAExample] = []
     for item in items:
         try:
-            out.append(parse(item))
+            example, dropped = parse(item)
         except DataError as e:
             if not skip_malformed:
                 raise
             report.skipped += 1
             report.problems.append(str(e))
+            continue
+        out.append(example)
+        report.aliases_dropped += len(dropped)
+        report.alias_notes.extend(dropped[:max(0, MAX_ALIAS_NOTES - len(report.alias_notes))])
     report.loaded = len(out)
     return out, report
 
@@ -136,7 +154,7 @@ def load_searchr1_parquet(path: str | os.PathLike, skip_malformed: bool = False
                     p, skip_malformed)
 
 
-def _example_from_searchr1(row: dict, index: int, where: str) -> QAExample:
+def _example_from_searchr1(row: dict, index: int, where: str) -> Tuple[QAExample, List[str]]:
     ds = row.get("data_source")
     if not isinstance(ds, str) or not ds:
         raise DataError(f"{where}: missing field 'data_source'")
@@ -166,8 +184,8 @@ def _example_from_searchr1(row: dict, index: int, where: str) -> QAExample:
     extra = row.get("extra_info") or {}
     qid = row.get("id") or (extra.get("index") if isinstance(extra, dict) else None)
     qid = f"{ds}_{qid if qid is not None else index}"
-    _check_answers(target, f"{where} (id {qid})", "reward_model.ground_truth.target")
-    return QAExample(id=str(qid), dataset=ds, question=q.strip(), answers=target)
+    kept, dropped = _usable_answers(target, f"{where} (id {qid})", "reward_model.ground_truth.target")
+    return QAExample(id=str(qid), dataset=ds, question=q.strip(), answers=kept), dropped
 
 
 def load_questions(path: str | os.PathLike, dataset: Optional[str] = None,

@@ -12,19 +12,26 @@ from mopd.core.qa import DataError, load_questions
 from mopd.core.scoring import exact_match, extract_answer
 
 
-@pytest.mark.parametrize("gold", ["", "   ", "the", " An ", "."])
-def test_flashrag_rows_with_an_empty_gold_answer_are_refused_with_line_and_id(tmp_path, gold):
+@pytest.mark.parametrize("gold", ["", "   ", "the", " An ", ".", "A"])
+def test_an_empty_gold_answer_is_dropped_and_a_row_with_only_empty_ones_refused(tmp_path, gold):
+    """Issue 33: one empty alias (FlashRAG has rows like ["A", ...]) drops that alias, counted, not
+    the row; a row whose every alias is empty is refused with its line and id."""
     assert exact_match(extract_answer("<answer>the</answer>"), [gold]) == 1.0     # what it would pay
     f = tmp_path / "train.jsonl"
     rows = [{"id": "ok1", "question": "Q1?", "golden_answers": ["Paris"]},
-            {"id": "bad7", "question": "Q2?", "golden_answers": ["Rome", gold]}]
+            {"id": "two9", "question": "Q2?", "golden_answers": [gold, "Rome", gold]},
+            {"id": "bad7", "question": "Q3?", "golden_answers": [gold]}]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError) as e:
         load_questions(f)
     msg = str(e.value)
-    assert f"{f}:2" in msg and "id bad7" in msg and "golden_answers[1]" in msg and "\n" not in msg
+    assert f"{f}:3" in msg and "id bad7" in msg and "golden_answers" in msg and "\n" not in msg
     kept, report = load_questions(f, skip_malformed=True)
-    assert [q.id for q in kept] == ["ok1"] and report.skipped == 1
+    assert [(q.id, q.answers) for q in kept] == [("ok1", ["Paris"]), ("two9", ["Rome"])]
+    assert report.skipped == 1 and report.aliases_dropped == 2
+    assert [n.split(": dropped ")[1].split(" ")[0] for n in report.alias_notes] == ["golden_answers[0]",
+                                                                                   "golden_answers[2]"]
+    assert all(f"{f}:2 (id two9)" in n for n in report.alias_notes)
 
 
 def test_searchr1_rows_with_an_empty_target_are_refused(tmp_path):
@@ -34,7 +41,7 @@ def test_searchr1_rows_with_an_empty_target_are_refused(tmp_path):
     rows = [{"id": "7", "data_source": "nq", "question": "Who?", "reward_model": {"ground_truth": {"target": [" "]}}}]
     f = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), f)
-    with pytest.raises(DataError, match=r"row 0 \(id nq_7\).*target\[0\]"):
+    with pytest.raises(DataError, match=r"row 0 \(id nq_7\).*target is \[' '\], every answer empty"):
         load_questions(f)
 
 
