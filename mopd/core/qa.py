@@ -78,7 +78,7 @@ def _usable_answers(answers: List[str], where: str, key: str) -> Tuple[List[str]
         raise DataError(f"{where}: {key} is {answers!r}, every answer empty after answer normalisation "
                         "(lowercase, no punctuation or articles): it would score an empty answer as correct; "
                         "fix or drop the row")
-    dropped = [f"{where}: dropped {key}[{i}] {a!r} (empty after answer normalisation)"
+    dropped = [f"{where}: {key}[{i}] {a!r}"
                for i, a in enumerate(answers) if not normalize_answer(a)]
     return kept, dropped
 

@@ -34,6 +34,7 @@ def register(sub) -> None:
                    help="skip malformed rows (counted in the manifest) instead of stopping at the first one")
     b.add_argument("--out", required=True, help="output directory")
     b.set_defaults(func=_build_splits)
+    _register_prepare(dsub)
     _register_world(sub)
     _register_model(sub)
 
@@ -44,14 +45,18 @@ def _build_splits(args) -> int:
     from mopd.data.splits import build_splits, parse_counts, write_splits
 
     try:
-        train, test, skipped = [], [], 0
+        train, test, skipped, aliases = [], [], 0, 0
         for files, pool in ((args.train, train), (args.test, test)):
             for f in files:
                 exs, rep = load_questions(f, skip_malformed=args.skip_malformed)
                 pool.extend(exs)
                 skipped += rep.skipped
+                aliases += rep.aliases_dropped
                 if rep.skipped:
                     print(f"{f}: skipped {rep.skipped} malformed row(s), first: {rep.problems[0]}")
+                if rep.aliases_dropped:
+                    print(f"{f}: dropped {rep.aliases_dropped} gold answer(s) empty after answer normalisation, "
+                          f"first: {rep.alias_notes[0]}")
         for files, pool, name in ((args.train, train, "training"), (args.test, test, "test")):
             if not pool:
                 raise UserError(f"the {name} pool is empty: {' '.join(files)} hold(s) no questions")
@@ -63,13 +68,86 @@ def _build_splits(args) -> int:
                             f"test {len(splits.test)}): lower --dev-counts / --test-counts or add questions; "
                             "nothing was written")
         manifest = write_splits(splits, args.out, seed=args.seed, inputs=list(args.train) + list(args.test),
-                                test_counts=test_counts, dev_counts=dev_counts, skipped_rows=skipped)
+                                test_counts=test_counts, dev_counts=dev_counts, skipped_rows=skipped,
+                                extra={"command": "mopd data build-splits", "aliases_dropped": aliases})
     except DataError as e:
         raise UserError(str(e)) from None
     print(f"train {len(splits.train)}  dev {len(splits.dev)}  test {len(splits.test)}  "
           f"(duplicates dropped {splits.duplicates_dropped})")
     for name, rows in sorted(splits.removed.items()):
         print(f"removed from {name} test pool (question in training data): {len(rows)}")
+    print(f"manifest: {manifest}")
+    return 0
+
+
+def _register_prepare(dsub) -> None:
+    p = dsub.add_parser(
+        "prepare", help="the paper's train/dev/test splits from a folder of FlashRAG or Search-R1 files",
+        description="Read ROOT/<dataset>/<split>.jsonl (FlashRAG) or ROOT/[<name>/]<split>.parquet (Search-R1, "
+                    "datasets from the rows' data_source) and write the paper's sets: training from NQ and "
+                    "HotpotQA's train splits only, a 1,000-question dev set taken out of that pool (500 each), "
+                    "and the 5,000-question test set (812 NQ/TriviaQA/PopQA, 813 HotpotQA/2Wiki/MuSiQue, 125 "
+                    "Bamboogle, seed 20260728) from each dataset's test split, else its dev split (named in the "
+                    "manifest). Deduplication, overlap removal and hashes as `mopd data build-splits`. Prints "
+                    "which file gives what; --dry-run stops there.")
+    p.add_argument("root", metavar="ROOT", help="folder of the downloaded datasets")
+    p.add_argument("--out", default=None, help="output directory: new, empty, or an earlier `mopd data prepare` "
+                                               "output (anything else is refused)")
+    p.add_argument("--train-datasets", default="nq,hotpotqa",
+                   help="datasets whose train split is the training pool (default: nq,hotpotqa, the paper's)")
+    p.add_argument("--test-counts", default="paper",
+                   help="questions per test dataset: 'paper' (default), 'all' (every question of the paper's "
+                        "seven test datasets) or NAME=N,NAME=N")
+    p.add_argument("--dev-counts", default="nq=500,hotpotqa=500",
+                   help="questions per dataset moved from training to dev (default nq=500,hotpotqa=500: the "
+                        "paper's 1,000; it does not say how they divide), or 'none'")
+    p.add_argument("--seed", type=int, default=20260728, help="sampling seed (default: 20260728, the paper's)")
+    p.add_argument("--format", default="auto", choices=["auto", "flashrag", "searchr1"],
+                   help="which files to read when ROOT holds both kinds (default: the kind ROOT holds)")
+    p.add_argument("--skip-malformed", action="store_true",
+                   help="skip malformed rows (counted in the manifest) instead of stopping at the first one")
+    p.add_argument("--dry-run", action="store_true", help="print which file gives what, and the split sizes; "
+                                                          "write nothing")
+    p.set_defaults(func=_prepare)
+
+
+def _prepare(args) -> int:
+    from pathlib import Path
+
+    from mopd.core.errors import UserError
+    from mopd.core.qa import DataError
+    from mopd.data.prepare import PrepareSettings, out_dir_refusal, prepare, summary_lines, write_prepared
+    from mopd.data.splits import parse_counts
+
+    if args.out is None and not args.dry_run:
+        raise UserError("--out DIR is required (or --dry-run to only print what would be written)")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        refusal = out_dir_refusal(out)
+        if refusal:
+            raise UserError(refusal)
+    try:
+        train = tuple(d.strip() for d in args.train_datasets.split(",") if d.strip())
+        if not train:
+            raise UserError("--train-datasets names no dataset")
+        test_counts = parse_counts(args.test_counts)       # 'all': None, every question
+        dev_counts = None if args.dev_counts in ("none", "0", "") else parse_counts(args.dev_counts)
+        settings = PrepareSettings(train_datasets=train, test_counts=test_counts, dev_counts=dev_counts,
+                                   seed=args.seed, fmt=args.format, skip_malformed=args.skip_malformed)
+        result = prepare(args.root, settings, exclude=[out] if out is not None else [], progress=True)
+    except DataError as e:
+        raise UserError(str(e)) from None
+    for note in result.notes:
+        print(note)
+    for line in summary_lines(result, Path(args.root)):
+        print(line)
+    if not result.splits.train or not result.splits.test:
+        raise UserError("the train or test split would be empty: lower --dev-counts / --test-counts; nothing was "
+                        "written")
+    if args.dry_run:
+        print("dry run: nothing written")
+        return 0
+    manifest = write_prepared(result, out, args.root, settings)
     print(f"manifest: {manifest}")
     return 0
 

@@ -136,8 +136,9 @@ def check_disjoint(splits: Splits) -> None:
 
 def write_splits(splits: Splits, out_dir: str | os.PathLike, *, seed: int, inputs: Sequence[str],
                  test_counts: Optional[Dict[str, int]], dev_counts: Optional[Dict[str, int]],
-                 skipped_rows: int = 0) -> Path:
-    """Write train/dev/test jsonl and manifest.json (with sha256 of every input and output)."""
+                 skipped_rows: int = 0, extra: Optional[dict] = None) -> Path:
+    """Write train/dev/test jsonl and manifest.json (with sha256 of every input and output);
+    ``extra``: more manifest fields (the command that wrote it, where each split came from)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     outputs = {}
@@ -146,6 +147,7 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, *, seed: int, input
         write_questions(p, getattr(splits, name))
         outputs[name] = p
     manifest = {
+        **(extra or {}),
         "seed": seed,
         "requested": {"test": test_counts, "dev": dev_counts},
         "counts": {name: _count_by_dataset(getattr(splits, name)) for name in ("train", "dev", "test")},

@@ -130,3 +130,21 @@ def test_cli_build_splits_writes_manifest(tmp_path, capsys):
     rc = main(["data", "build-splits", "--train", str(tmp_path / "nope.jsonl"), "--test",
                str(FIX / "nq" / "test.jsonl"), "--out", str(out)])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_cli_build_splits_drops_empty_aliases_and_counts_them(tmp_path, capsys):
+    from mopd.cli import main
+
+    rows = [{"id": f"q{i}", "question": f"question number {i}?", "golden_answers": ["A", f"x{i}"] if i % 3 else [f"x{i}"]}
+            for i in range(10)]
+    for split in ("train", "test"):
+        (tmp_path / "nq").mkdir(exist_ok=True)
+        (tmp_path / "nq" / f"{split}.jsonl").write_text(
+            "".join(json.dumps(dict(r, question=f"{split} {r['question']}")) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert main(["data", "build-splits", "--train", str(tmp_path / "nq" / "train.jsonl"), "--test",
+                 str(tmp_path / "nq" / "test.jsonl"), "--out", str(out)]) == 0
+    assert "dropped 6 gold answer(s)" in capsys.readouterr().out
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["aliases_dropped"] == 12 and m["counts"]["train"] == {"nq": 10}
+    assert all(len(json.loads(line)["golden_answers"]) == 1 for line in (out / "test.jsonl").read_text().splitlines())
