@@ -1,4 +1,4 @@
-"""`mopd retriever ...`: build-index, import-index, serve, search."""
+"""`mopd retriever ...`: build-index, assemble, import-index, serve, search."""
 
 from __future__ import annotations
 
@@ -32,6 +32,25 @@ def register(sub) -> None:
     im.add_argument("--encoder-path", default=None, help="local directory of the encoder's weights")
     im.add_argument("--out", required=True, help="index directory to create (holds metadata and row offsets)")
     im.set_defaults(func=_import)
+
+    a = rsub.add_parser("assemble", help="concatenate Search-R1's index parts (part_aa, part_ab, ...) into "
+                                         "e5_Flat.index and decompress wiki-18.jsonl.gz, checked",
+                        description="Concatenate FOLDER's part_* files in name order into one FAISS file (refusing "
+                                    "a gap in the part sequence), check its size against the parts and its header "
+                                    "(faiss reads it; a flat index's size must be what its header says), "
+                                    "checksums when --checksums is given, decompress the .jsonl.gz corpus beside "
+                                    "it (the .gz is kept) and check one corpus line per vector. Outputs are "
+                                    "written whole or not at all; a rerun reuses finished ones; a file at an "
+                                    "output path that this command did not write is refused.")
+    a.add_argument("folder", metavar="FOLDER", help="where the downloaded parts and wiki-18.jsonl.gz are")
+    a.add_argument("--out", default=None, help="where to write the index and the corpus (default: FOLDER)")
+    a.add_argument("--index-name", default="e5_Flat.index",
+                   help="name of the assembled index (default e5_Flat.index; e5_HNSW64.index for the HNSW repo)")
+    a.add_argument("--parts-prefix", default="part_", help="the parts' name prefix (default part_)")
+    a.add_argument("--corpus-gz", default=None, help="the gzipped corpus's file name (default: FOLDER's one *.jsonl.gz)")
+    a.add_argument("--checksums", default=None, metavar="FILE",
+                   help="sha256sum/md5sum-style 'HASH  NAME' lines for the parts, the .gz or the outputs")
+    a.set_defaults(func=_assemble)
 
     s = rsub.add_parser("serve", help="serve an index with Search-R1's HTTP API (POST /retrieve, GET /health)")
     s.add_argument("--index", default=None, help="index directory (default: the bundled corpus's MiniLM index)")
@@ -136,6 +155,25 @@ def _import(args) -> int:
     out = _run(lambda: import_index(args.corpus, args.faiss_index, args.out, encoder=args.encoder,
                                     encoder_path=args.encoder_path, progress=True))
     print(f"imported: serve it with `mopd retriever serve --index {out}`")
+    return 0
+
+
+def _assemble(args) -> int:
+    from mopd.retriever.assemble import assemble
+
+    r = _run(lambda: assemble(args.folder, args.out, index_name=args.index_name, prefix=args.parts_prefix,
+                              corpus_gz=args.corpus_gz, checksums=args.checksums, progress=True))
+    for name in r.reused:
+        print(f"{name}: already assembled, reused")
+    if r.checked:
+        print(f"checksums match: {', '.join(r.checked)}")
+    if r.index is not None:
+        print(f"index {r.index}: {r.vectors:,} vectors")
+    if r.corpus is not None:
+        print(f"corpus {r.corpus}: {r.rows:,} rows")
+    if r.index is not None and r.corpus is not None:
+        print(f"next: mopd retriever import-index --corpus {r.corpus} --faiss-index {r.index} --encoder e5 "
+              "--out INDEX_DIR")
     return 0
 
 

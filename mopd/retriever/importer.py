@@ -1,8 +1,9 @@
 """Adopt an existing FlashRAG / Search-R1 index (e.g. wiki-18's ``e5_Flat.index``) without copying it.
 
 The new index directory holds only ``meta.json`` (pointing at the FAISS file by absolute path) and
-the corpus's row-offset table; the 65 GB index and the 14 GB corpus stay where they are. Row i of
-the FAISS index is line i of the corpus jsonl, as both projects build them.
+the corpus's row-offset table; the 65 GB index and the 14 GB corpus stay where they are, and the
+index is not read into RAM to import it (see :func:`_read_for_import`). Row i of the FAISS index is
+line i of the corpus jsonl, as both projects build them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from mopd.retriever.corpus import Corpus
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+from mopd.retriever.index_faiss import check_flat_size, read_header
 from mopd.retriever.index_store import IndexMeta, write_meta
 
 
@@ -30,6 +32,27 @@ def faiss_kind(index) -> str:
     raise IndexDirError(f"unsupported FAISS index type {type(index).__name__}; flat, IVF and HNSW are supported")
 
 
+def _read_for_import(faiss, path: Path, header):
+    """The index object, read as cheaply as faiss allows: only its type, d and ntotal are needed.
+
+    A flat index is memory-mapped where faiss can (IO_FLAG_MMAP_IFC); where it cannot, the header
+    (read above, the size checked) stands in for it instead of reading 65 GB into RAM. IVF inverted
+    lists are memory-mapped (IO_FLAG_MMAP); anything else is read whole if it fits in memory."""
+    from mopd.retriever.index_faiss import check_memory, mmap_flat_flag
+
+    if header.flat:
+        flag = mmap_flat_flag(faiss)
+        if flag is not None:
+            return faiss.read_index(str(path), flag)
+        stub = faiss.IndexFlat(header.d, header.metric_type)      # type, d, metric: what import needs
+        stub.ntotal = header.ntotal
+        return stub
+    if header.fourcc.startswith("Iw"):
+        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    check_memory(header.size, f"reading {path}")
+    return faiss.read_index(str(path))
+
+
 def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder_path: str | None = None,
                  progress: bool = False) -> Path:
     from mopd.retriever.index_faiss import import_faiss
@@ -45,9 +68,12 @@ def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder
         raise IndexDirError(f"FAISS index file {fpath} does not exist")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    header = read_header(fpath)
+    if header.flat:
+        check_flat_size(header, fpath)
     if progress:
-        print(f"reading {fpath} (memory-mapped) ...", flush=True)
-    index = faiss.read_index(str(fpath), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        print(f"reading {fpath} ...", flush=True)
+    index = _read_for_import(faiss, fpath, header)
     kind = faiss_kind(faiss.downcast_index(index))
     if index.d != ENCODERS[encoder].dim:
         raise IndexMismatch(f"query encoder mismatch: {fpath} holds {index.d}-dimensional vectors, but "

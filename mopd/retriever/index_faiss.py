@@ -4,18 +4,30 @@ search, somewhat more memory than flat). All use inner product on unit vectors (
 
 On a machine with faiss-gpu, flat and IVF indexes can be moved to all visible GPUs, sharded, with
 fp16 storage (``gpu=True``): wiki-18's 65 GB fp32 flat index becomes 32 GB split over the GPUs.
+
+Memory: ``faiss.IO_FLAG_MMAP`` maps only IVF inverted lists; a flat index read with it is still
+copied into RAM (measured with faiss-cpu 1.15.1: resident memory grows by the file's size).
+``IO_FLAG_MMAP_IFC`` (faiss >= 1.11) maps a flat index's vectors from the file instead: the pages
+are the page cache's, shared and reclaimable (measured: anonymous memory unchanged, file-backed
+pages grow only as searches touch them). Where faiss has no such flag, or for the other kinds,
+reading an index that does not fit in ``MemAvailable`` is refused in one line with the RAM it needs.
 """
 
 from __future__ import annotations
 
+import logging
+import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mopd.retriever.index_errors import IndexDirError
 
+log = logging.getLogger(__name__)
 INDEX_FILE = "index.faiss"
+GIB = 1 << 30
 
 
 def import_faiss():
@@ -65,16 +77,126 @@ def build_faiss(kind: str, dim: int, n: int, chunks: Iterable[np.ndarray], train
     return idx
 
 
+# A flat index file: fourcc, d (int32), ntotal (int64), two unused int64, is_trained (1 byte),
+# metric_type (int32), metric_arg (float32, only when metric_type > 1), then the vectors as a
+# vector<float>: its length (uint64, = ntotal * d) and ntotal * d float32 values.
+FLAT_FOURCCS = {b"IxFI": "flat inner product", b"IxF2": "flat L2", b"IxFl": "flat"}
+_HEAD = struct.Struct("<4siqqq?i")
+
+
+@dataclass(frozen=True)
+class FaissHeader:
+    """What the first bytes of a FAISS file say, read without faiss and without reading the rest."""
+
+    fourcc: str
+    d: int
+    ntotal: int
+    metric_type: int
+    size: int
+    """The file's size in bytes."""
+    expected_size: int | None
+    """For a flat index, the size its header implies (None for other kinds)."""
+
+    @property
+    def flat(self) -> bool:
+        return self.fourcc.encode() in FLAT_FOURCCS
+
+
+def read_header(path) -> FaissHeader:
+    """The header of FAISS file ``path`` (any index kind: fourcc, d, ntotal, metric)."""
+    p = Path(path)
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        head = f.read(_HEAD.size + 12)
+    if len(head) < _HEAD.size:
+        raise IndexDirError(f"{p} is {size} bytes: too short to be a FAISS index")
+    fourcc, d, ntotal, _, _, _, metric = _HEAD.unpack_from(head)
+    try:
+        name = fourcc.decode("ascii")
+    except UnicodeDecodeError:
+        name = ""
+    if not name.isprintable() or len(name) != 4 or d <= 0 or ntotal < 0:
+        raise IndexDirError(f"{p} does not start with a FAISS index header (first bytes {head[:8]!r})")
+    expected = None
+    if fourcc in FLAT_FOURCCS:
+        at = _HEAD.size + (4 if metric > 1 else 0)
+        (stored,) = struct.unpack_from("<Q", head, at) if len(head) >= at + 8 else (None,)
+        if stored is not None and stored != ntotal * d:
+            raise IndexDirError(f"{p}: the header says {ntotal} vectors of dimension {d}, but its vector block "
+                                f"holds {stored} floats, not {ntotal * d}: not a complete flat index")
+        expected = at + 8 + 4 * ntotal * d
+    return FaissHeader(name, d, ntotal, metric, size, expected)
+
+
+def check_flat_size(header: FaissHeader, path) -> None:
+    """A flat index's file is exactly as long as its header says (a missing or extra part shows here)."""
+    if header.expected_size is not None and header.size != header.expected_size:
+        raise IndexDirError(f"{path} is {header.size:,} bytes but its header ({header.ntotal:,} vectors of "
+                            f"dimension {header.d}) means {header.expected_size:,}: the file is incomplete or has "
+                            "extra bytes (a part missing, truncated or repeated?)")
+
+
+def mem_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(need: int, what: str) -> None:
+    """Refuse, in one line, to read ``need`` bytes into RAM when ``MemAvailable`` is smaller."""
+    avail = mem_available()
+    if avail is not None and need > avail:
+        raise IndexDirError(f"{what} needs about {need / GIB:.1f} GiB of RAM and this machine has "
+                            f"{avail / GIB:.1f} GiB available (MemAvailable); free memory, use a larger machine, "
+                            "or, for a flat index, a faiss with IO_FLAG_MMAP_IFC (faiss >= 1.11) maps it instead")
+
+
+def mmap_flat_flag(faiss) -> int | None:
+    """faiss's flag that memory-maps a flat index's vectors, or None where this faiss has none."""
+    return getattr(faiss, "IO_FLAG_MMAP_IFC", None)
+
+
+def read_index_file(path, purpose: str = "reading"):
+    """Read a FAISS file: a flat index memory-mapped where faiss can (no copy in RAM), else read
+    whole after checking that it fits in the memory available."""
+    faiss = import_faiss()
+
+    p = Path(path)
+    header = read_header(p)
+    flag = mmap_flat_flag(faiss) if header.flat else None
+    if flag is not None:
+        avail = mem_available()
+        if avail is not None and header.size > avail:
+            log.warning("%s (%.1f GiB) is memory-mapped but larger than the memory available (%.1f GiB): "
+                        "searches read it from disk until the page cache holds it", p, header.size / GIB,
+                        avail / GIB)
+        return faiss.read_index(str(p), flag)
+    how = "" if header.flat else f" (a {header.fourcc} index is read whole)"
+    check_memory(header.size, f"{purpose} {p}{how}")
+    return faiss.read_index(str(p))
+
+
 def flat_vectors(index_file) -> np.ndarray:
     """The [N, D] vectors stored in a flat FAISS file (for the torch index over Search-R1's file).
 
-    The file is memory-mapped and the vectors copied out once (N x D x 4 bytes of host memory)."""
+    The file is memory-mapped where faiss can, and the vectors copied out once (N x D x 4 bytes of
+    host memory, checked against the memory available first)."""
     faiss = import_faiss()
 
-    idx = faiss.read_index(str(index_file), faiss.IO_FLAG_MMAP)
-    if not isinstance(idx, faiss.IndexFlat):
-        raise ValueError(f"{index_file} is a {type(idx).__name__}, not a flat index; "
+    header = read_header(index_file)
+    if not header.flat:
+        raise ValueError(f"{index_file} is a {header.fourcc} index, not a flat index; "
                          "the torch index needs raw vectors")
+    need = 4 * header.ntotal * header.d
+    check_memory(need if mmap_flat_flag(faiss) is not None else 2 * need,
+                 f"copying the vectors of {index_file} for the torch index")
+    idx = read_index_file(index_file)
     return faiss.rev_swig_ptr(idx.get_xb(), idx.ntotal * idx.d).reshape(idx.ntotal, idx.d).copy()
 
 
@@ -106,12 +228,10 @@ class FaissIndex:
     @classmethod
     def load(cls, index_dir: Path, kind: str = "flat", gpu: bool = False, index_file: str | None = None,
              nprobe: int = 32, ef_search: int = 128, **_) -> FaissIndex:
-        faiss = import_faiss()
-
         path = Path(index_file) if index_file else Path(index_dir) / INDEX_FILE
-        # A flat index is read through a memory map: no second copy while it moves to the GPUs.
-        flags = faiss.IO_FLAG_MMAP if kind == "flat" and gpu else 0
-        index = faiss.read_index(str(path), flags)
+        # A flat index is memory-mapped where faiss can: no copy in RAM, and none while it moves to
+        # the GPUs; otherwise (and for IVF/HNSW) it is read whole if it fits in the memory available.
+        index = read_index_file(path, "loading the index")
         if gpu:
             index = to_gpus(index, kind)
         return cls(index, kind, nprobe=nprobe, ef_search=ef_search)
