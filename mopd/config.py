@@ -126,7 +126,9 @@ class RetrieverConfig:
     kind: str = "inprocess"
     """inprocess (an index directory loaded into this process) or http (a Search-R1-style server)."""
     index: str = ""
-    """Index directory built by `mopd retriever build-index` (kind=inprocess)."""
+    """Index directory built by `mopd retriever build-index` or `import-index` (kind=inprocess), or
+    ``bundled``: the bundled corpus of 2,400 invented passages (a toy; the tiny_* presets' default).
+    Empty with kind=inprocess: no retriever, which `mopd train` and `mopd eval run` refuse."""
     url: str = "http://127.0.0.1:8000"
     """Server address (kind=http)."""
     topk: int = 3
@@ -848,6 +850,7 @@ def _tiny(cfg: Config, steps: int) -> Config:
     cfg.rollout.max_input_tokens = 2048
     cfg.rollout.max_output_tokens = 64
     cfg.data.dev_size = 40
+    cfg.retriever.index = "bundled"   # unless an index is given: the demo passes its world's
     # float32 everywhere, GPU included: old_logprobs=rollout needs the engine's and the trainer's
     # log-probs to agree, which bf16 does not give (ROLLOUT_LOGPROBS_BF16); the 0.7M model costs nothing.
     cfg.model.dtype = "float32"

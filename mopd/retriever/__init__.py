@@ -18,6 +18,7 @@ from mopd.retriever.bundled import bundled_corpus_path, bundled_index
 from mopd.retriever.client import HttpRetriever, RetrieverUnavailable
 from mopd.retriever.corpus import Corpus, CorpusError
 from mopd.retriever.encoders import EncoderUnavailable
+from mopd.retriever.identity import BUNDLED, NoRetriever, index_dir_of, index_fingerprint, retriever_identity
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
 from mopd.retriever.index_store import INDEX_KINDS
 from mopd.retriever.passage import Passage, format_passages
@@ -42,16 +43,18 @@ def open_retriever(index_dir, **kwargs) -> LocalRetriever:
 
 
 def load_retriever(cfg: RetrieverConfig) -> Retriever:
-    """``kind=inprocess``: the index directory ``cfg.index`` loaded here (empty: the bundled corpus's
-    MiniLM flat index, built into the cache on first use); ``kind=http``: a client of ``cfg.url``."""
+    """``kind=inprocess``: the index directory ``cfg.index`` loaded here (``bundled``: the bundled
+    corpus's MiniLM flat index, built into the cache on first use; empty: :class:`NoRetriever`, never
+    a silent default); ``kind=http``: a client of ``cfg.url``."""
     if cfg.kind == "http":
         return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries)
     if cfg.kind != "inprocess":
         raise ValueError(f"retriever.kind={cfg.kind!r} is not valid; choose inprocess or http")
-    return open_retriever(cfg.index or bundled_index())
+    return open_retriever(index_dir_of(cfg))
 
 
 __all__ = [
+    "BUNDLED",
     "INDEX_KINDS",
     "Corpus",
     "CorpusError",
@@ -60,6 +63,7 @@ __all__ = [
     "IndexDirError",
     "IndexMismatch",
     "IndexSpec",
+    "NoRetriever",
     "Passage",
     "Retriever",
     "RetrieverUnavailable",
@@ -67,6 +71,8 @@ __all__ = [
     "bundled_corpus_path",
     "bundled_index",
     "format_passages",
+    "index_fingerprint",
     "load_retriever",
     "open_retriever",
+    "retriever_identity",
 ]

@@ -77,6 +77,11 @@ class HttpRetriever:
     def health(self) -> dict:
         return self._call("/health")
 
+    def index_fingerprint(self) -> str | None:
+        """The fingerprint the server reports of its index on /health (None when it reports none)."""
+        answer = self.health()
+        return answer.get("fingerprint") if isinstance(answer, dict) else None
+
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         out: list[list[Passage]] = [[] for _ in queries]
         asked = [(i, q[:self.max_query_chars]) for i, q in enumerate(queries) if q.strip()]

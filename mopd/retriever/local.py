@@ -42,6 +42,7 @@ class LocalRetriever:
             self.encoder = load_encoder(self.meta.encoder, encoder_path or self.meta.encoder_path or None,
                                         device, batch_size)
         self._lock = threading.Lock()
+        self._fingerprint: str | None = None
 
     def __len__(self) -> int:
         return len(self.index)
@@ -49,6 +50,15 @@ class LocalRetriever:
     @property
     def kind(self) -> str:
         return self.index.kind
+
+    @property
+    def fingerprint(self) -> str:
+        """The index's fingerprint (:func:`mopd.retriever.identity.index_fingerprint`), computed once."""
+        if self._fingerprint is None:
+            from mopd.retriever.identity import index_fingerprint
+
+            self._fingerprint = index_fingerprint(self.index_dir, self.meta)
+        return self._fingerprint
 
     def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ids [Q, k'] and scores [Q, k'] (k' = min(k, corpus size)) for all queries at once."""

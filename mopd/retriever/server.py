@@ -5,7 +5,8 @@ API (the same as Search-R1's ``retrieval_server.py``, so its clients work unchan
     POST /retrieve  {"queries": ["...", ...], "topk": 3, "return_scores": true}
       -> {"result": [[{"document": {"id": "12", "contents": "title\\ntext"}, "score": 0.83}, ...], ...]}
          (with "return_scores": false, the default, each item is the bare document)
-    GET /health     -> {"status": "ok", "index": ..., "requests": ..., "batches": ..., "limits": ...}
+    GET /health     -> {"status": "ok", "index": ..., "fingerprint": ..., "requests": ..., "batches": ...,
+                        "limits": ...}   (fingerprint: the index's, which training and evaluation runs record)
 
 Concurrent requests are micro-batched, large ones a slice at a time (:mod:`mopd.retriever.batcher`),
 so one large request cannot hold the others. The work of one request is bounded
@@ -173,11 +174,14 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
         return web.Response(body=payload, content_type="application/json")
 
+    fingerprint = getattr(retriever, "fingerprint", None)   # once: it reads the index files' samples
+
     async def health(request: web.Request):
         s = batcher.stats
         meta = retriever.meta
         return web.json_response({
-            "status": "ok", "index": meta.describe(), "kind": retriever.kind, "encoder": meta.encoder,
+            "status": "ok", "index": meta.describe(), "fingerprint": fingerprint, "kind": retriever.kind,
+            "encoder": meta.encoder,
             "num_passages": len(retriever), "batching": batcher.enabled, "requests": s.requests,
             "queries": s.queries, "batches": s.batches, "largest_batch": s.largest_batch, "errors": s.errors,
             "sliced_requests": s.sliced_requests, "limits": dataclasses.asdict(limits)})

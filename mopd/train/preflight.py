@@ -55,9 +55,14 @@ def check_questions(key: str, path: str, skip_malformed: bool = False) -> int:
 
 def check_retriever(cfg) -> None:
     """An HTTP retriever must answer /health now (one quick try, not the client's full backoff);
-    an in-process index directory must exist."""
+    an in-process one must name an index directory that exists, or ``bundled``: no retriever
+    setting is refused, never a silent bundled corpus of invented passages."""
     if cfg.kind != "http":
-        if cfg.index and not Path(cfg.index).expanduser().is_dir():
+        from mopd.retriever.identity import NO_RETRIEVER, is_bundled
+
+        if not cfg.index.strip():
+            raise PreflightError(NO_RETRIEVER)
+        if not is_bundled(cfg.index) and not Path(cfg.index).expanduser().is_dir():
             raise PreflightError(f"retriever.index={cfg.index} is not a directory (build one with "
                                  "`mopd retriever build-index`)")
         return

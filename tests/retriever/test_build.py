@@ -127,8 +127,8 @@ def test_load_retriever_by_config(built):
 
 
 @pytest.mark.slow
-def test_default_retriever_is_the_bundled_corpus(bundled_rows):
-    r = load_retriever(RetrieverConfig(kind="inprocess", index=""))
+def test_bundled_asks_for_the_bundled_corpus(bundled_rows):
+    r = load_retriever(RetrieverConfig(kind="inprocess", index="bundled"))
     assert len(r) == len(bundled_rows) == 2400
     probes = [0, 999, 2399]
     got = r.search([bundled_rows[i]["contents"] for i in probes], 3)

@@ -100,6 +100,25 @@ def test_unreachable_retriever_at_start(tiny_model_dir, qa_file, tmp_path, capsy
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("preset", ["cmas_rl", "mopd"])
+def test_a_run_without_a_retriever_is_refused_not_given_the_bundled_corpus(tiny_model_dir, qa_file, tmp_path,
+                                                                           capsys, preset):
+    extra = [f"teacher.path={tiny_model_dir}"] if preset == "mopd" else []
+    _one_line(*_train(capsys, *_args(tiny_model_dir, qa_file, tmp_path / "r", preset, *extra)),
+              "no retriever", "retriever.index", "retriever.url", "retriever.index=bundled")
+    assert not (tmp_path / "r").exists()
+
+
+def test_bundled_passes_preflight_only_when_asked_for(tiny_model_dir, qa_file):
+    from mopd.config import resolve
+    from mopd.train.preflight import PreflightError, check_retriever
+
+    check_retriever(resolve("cmas_rl", ["retriever.index=bundled"]).retriever)
+    check_retriever(resolve("tiny_cmas_rl").retriever)              # the tiny presets ask for it
+    with pytest.raises(PreflightError, match="retriever.index=DIR"):
+        check_retriever(resolve("tiny_cmas_rl", ["retriever.index="]).retriever)
+
+
 def test_missing_index_directory(tiny_model_dir, qa_file, tmp_path, capsys):
     _one_line(*_train(capsys, *_args(tiny_model_dir, qa_file, tmp_path / "r", "tiny_cmas_rl",
                                      f"retriever.index={tmp_path / 'noindex'}")), "is not a directory")
