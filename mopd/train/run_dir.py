@@ -1,8 +1,10 @@
 """A run directory knows which run it holds, so two runs are never mixed in one.
 
-The first start writes ``<out_dir>/run.json``: the resolved config (flattened to dotted keys) and
-fingerprints of the model, the teacher and the data (resolved path plus a sampled hash of the
-weights or the file, :mod:`mopd.core.fingerprint`). Then:
+The first start writes ``<out_dir>/run.json``: the resolved config (flattened to dotted keys, the
+engine ``rollout.engine`` among them), fingerprints of the model, the teacher and the data
+(resolved path plus a sampled hash of the weights or the file, :mod:`mopd.core.fingerprint`) and
+the retriever (kind, resolved index directory or URL, and the index's fingerprint, a server's as
+it reports it: :func:`mopd.retriever.identity.retriever_identity`). Then:
 
 - a start without ``--resume`` refuses a directory that already holds a run (``run.json``,
   checkpoints, metrics or events); ``--overwrite`` moves that run's files aside to
@@ -74,7 +76,21 @@ def run_identity(cfg) -> dict:
     ident["reference"] = model_fingerprint(reference) if reference else None
     ident["data"] = {"train": data_fingerprint(conf.get("data.train") or ""),
                      "dev": data_fingerprint(conf.get("data.dev") or "")}
+    ident["retriever"] = retriever_record(cfg.retriever)
     return ident
+
+
+def retriever_record(cfg) -> dict:
+    """The retriever's identity (:func:`mopd.retriever.identity.retriever_identity`); one that cannot
+    be read (no retriever, no index there, a server that does not answer: what preflight refuses
+    before a run starts) is recorded with ``fingerprint: None``."""
+    from mopd.retriever import IndexDirError, NoRetriever, RetrieverUnavailable, retriever_identity
+
+    try:
+        return retriever_identity(cfg)
+    except (NoRetriever, IndexDirError, RetrieverUnavailable, OSError):
+        where = {"url": cfg.url} if cfg.kind == "http" else {"index": cfg.index}
+        return {"kind": cfg.kind, **where, "fingerprint": None}
 
 
 def _comparable(ident: dict) -> dict:
@@ -89,6 +105,11 @@ def _comparable(ident: dict) -> dict:
         if fp:
             out[f"data.{split}.resolved_path"] = fp.get("path")
             out[f"data.{split}.content"] = fp.get("content")
+    retriever = ident.get("retriever")
+    if retriever:
+        out["retriever.resolved_index" if "index" in retriever else "retriever.resolved_url"] = \
+            retriever.get("index", retriever.get("url"))
+        out["retriever.fingerprint"] = retriever.get("fingerprint")
     return out
 
 
@@ -104,6 +125,8 @@ def identity_differences(old: dict, new: dict, allow: Sequence[str] = (), config
     a, b = _comparable(old), _comparable(new)
     if config_only:
         b = {k: v for k, v in b.items() if k in a}
+    elif "retriever" not in old:   # a run recorded before run.json held the retriever: its config only
+        b = {k: v for k, v in b.items() if k in a or k not in _comparable({"retriever": new.get("retriever")})}
     diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
     refused = {k: v for k, v in diff.items() if not _allowed(k, allow)}
     return refused, {k: v for k, v in diff.items() if k not in refused}
@@ -114,11 +137,11 @@ def _short(v) -> str:
     return s if len(s) <= 60 else s[:28] + "..." + s[-28:]
 
 
-IDENTITY_FIRST = ("method", "model.", "teacher.", "reference.", "data.")
+IDENTITY_FIRST = ("method", "model.", "teacher.", "reference.", "data.", "retriever.")
 
 
 def describe(diff: dict, most: int = 12) -> str:
-    """``key: old -> new; ...``, what names the run (method, model, teacher, data) first."""
+    """``key: old -> new; ...``, what names the run (method, model, teacher, data, retriever) first."""
     keys = sorted(diff, key=lambda k: (not k.startswith(IDENTITY_FIRST), k))
     text = "; ".join(f"{k}: {_short(diff[k][0])} -> {_short(diff[k][1])}" for k in keys[:most])
     return text + (f"; and {len(keys) - most} more ({', '.join(keys[most:])})" if len(keys) > most else "")

@@ -166,3 +166,59 @@ def test_a_fresh_start_that_failed_before_training_frees_the_directory(tiny_mode
     prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=False)      # not refused now
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     assert not discard_unstarted(out) and (out / RUN_FILE).is_file()     # it trained: kept
+
+
+def _bm25_index(root, n=12, town=3):
+    from mopd.retriever import IndexSpec, build_index
+
+    corpus = root / "corpus.jsonl"
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f"Band {i}\nBand {i} formed in town {i % town}."})
+                              + "\n" for i in range(n)))
+    return build_index(corpus, root / "index", IndexSpec(index_kind="bm25"), overwrite=True)
+
+
+def test_run_json_records_the_retriever_and_the_engine(tiny_model_dir, qa_file, tmp_path):
+    from mopd.retriever import index_fingerprint
+
+    index = _bm25_index(tmp_path / "a")
+    out = tmp_path / "run"
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(index)}), resume=False)
+    rec = json.loads((out / RUN_FILE).read_text())
+    assert rec["retriever"] == {"kind": "inprocess", "index": str(index.resolve()),
+                                "fingerprint": index_fingerprint(index)}
+    assert rec["config"]["rollout.engine"] == "hf" and rec["config"]["retriever.index"] == str(index)
+    bundled = run_identity(_cfg(tiny_model_dir, qa_file, out))["retriever"]
+    assert bundled["index"] == "bundled" and bundled["fingerprint"] not in (None, rec["retriever"]["fingerprint"])
+
+
+def test_resume_with_another_retriever_or_a_rebuilt_index_is_refused(tiny_model_dir, qa_file, tmp_path):
+    index = _bm25_index(tmp_path / "a")
+    other = _bm25_index(tmp_path / "b", n=13)
+    out = tmp_path / "run"
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(index)}), resume=False)
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(index)}), resume=True)
+    with pytest.raises(RunDirError, match=r"retriever.fingerprint: \w+ -> \w+; retriever.index"):
+        prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(other)}), resume=True)
+    with pytest.raises(RunDirError, match="retriever.index: .* -> bundled"):
+        prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=True)
+    with pytest.raises(RunDirError, match="rollout.engine: hf -> vllm"):
+        prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(index),
+                                                              "rollout.engine": "vllm",
+                                                              "trainer.old_logprobs": "recompute"}), resume=True)
+    _bm25_index(tmp_path / "a", town=5)                     # the same directory, rebuilt from another corpus
+    with pytest.raises(RunDirError, match="retriever.fingerprint") as e:
+        prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(index)}), resume=True)
+    assert "retriever.index" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_run_recorded_before_the_retriever_was_resumes_on_its_config(tiny_model_dir, qa_file, tmp_path):
+    out = tmp_path / "run"
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=False)
+    rec = json.loads((out / RUN_FILE).read_text())
+    del rec["retriever"]
+    (out / RUN_FILE).write_text(json.dumps(rec))
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=True)
+    assert "retriever" in json.loads((out / RUN_FILE).read_text())
+    with pytest.raises(RunDirError, match="retriever.index"):       # its config is still compared
+        prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(tmp_path)}), resume=True)
