@@ -145,6 +145,23 @@ class RetrieverConfig:
         _positive("retriever.retries", self.retries, allow_zero=True)
 
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.85
+"""vLLM's GPU memory share where nothing chose one (`mopd rollout`, a CPU), and the largest share an
+automatic choice gives it (vLLM's own default is 0.9: the rest stays free for what the memory plan's
+allowances miss, and on an H200 a teacher replica fits beside it)."""
+MEMORY_HEADROOM_GIB = 2.0
+"""What an automatic share leaves free on the GPU beside everything it counts (estimates, and the
+allocator's fragmentation)."""
+
+
+def free_memory_share(free_gib: float, total_gib: float) -> float:
+    """The share of a GPU of ``total_gib`` that vLLM may take when ``free_gib`` of it are free: what is
+    free less ``MEMORY_HEADROOM_GIB``, rounded down to 0.01, at most
+    ``DEFAULT_GPU_MEMORY_UTILIZATION``; 0 when nothing is left."""
+    share = math.floor(100 * (free_gib - MEMORY_HEADROOM_GIB) / total_gib + 1e-9) / 100 if total_gib > 0 else 0.0
+    return max(0.0, min(DEFAULT_GPU_MEMORY_UTILIZATION, share))
+
+
 @dataclass
 class RolloutConfig:
     engine: str = "hf"
@@ -181,10 +198,14 @@ class RolloutConfig:
     """Rollout scheduler: auto (the engine's preference: asynchronous for vLLM, lock-step for the HF
     engine, measured faster on CPU), lockstep (every workflow's step together; bit-reproducible), or
     async (every turn submitted as soon as its inputs are ready). The records are the same."""
-    gpu_memory_utilization: float = 0.85
-    """vLLM: fraction of GPU memory for its weights and KV cache while it generates. The engine
-    sleeps (level 2: both freed) while the trainer scores and updates, so the two never need the
-    GPU at the same time; `mopd plan` checks both phases."""
+    gpu_memory_utilization: Optional[float] = None
+    """vLLM: fraction of GPU memory for its weights and KV cache while it generates. Empty (the
+    default): training takes the largest share, at most 0.85, that its memory plan leaves on this GPU
+    beside the trainer's resident state and what other processes hold there (a GPU retriever), and
+    says what it chose (`mopd plan` prints the same choice: 0.85 on an H200, 0.76 on an 80 GiB H100
+    beside a 6 GiB retriever); `mopd eval run` on a GPU takes what is free (``free_memory_share``);
+    anything else 0.85. The engine sleeps (level 2: both freed) while the trainer scores and
+    updates, so the two never need the GPU at the same time; `mopd plan` checks both phases."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism."""
     seed: int = 0
@@ -201,8 +222,15 @@ class RolloutConfig:
         _positive("rollout.temperature", self.temperature)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
-        if not 0 < self.gpu_memory_utilization < 1:
-            raise ConfigError("rollout.gpu_memory_utilization must be in (0, 1)")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization < 1:
+            raise ConfigError("rollout.gpu_memory_utilization must be in (0, 1), or empty for the memory plan's")
+
+    def vllm_memory_share(self) -> float:
+        """``gpu_memory_utilization`` as set, else ``DEFAULT_GPU_MEMORY_UTILIZATION`` (the trainer and
+        `mopd eval run` fill it in first where they can plan)."""
+        if self.gpu_memory_utilization is None:
+            return DEFAULT_GPU_MEMORY_UTILIZATION
+        return self.gpu_memory_utilization
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def build_engine(rollout_cfg, model_path: str, *, dtype: str = "auto", device: O
 
         # The longest sequence one call can reach: vLLM would otherwise size its KV cache and
         # its checks for the model's full context (256K tokens for Qwen3-4B-Instruct-2507).
-        return VLLMEngine(model_path, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+        return VLLMEngine(model_path, gpu_memory_utilization=rollout_cfg.vllm_memory_share(),
                           tensor_parallel_size=rollout_cfg.tensor_parallel_size, dtype=dtype,
                           seed=rollout_cfg.seed,
                           max_model_len=rollout_cfg.max_input_tokens + rollout_cfg.max_output_tokens)

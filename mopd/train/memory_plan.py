@@ -10,6 +10,12 @@ A step has two phases on every GPU (docs/architecture.md, "Performance targets";
 - training: the engine sleeps at level 2 (a small residue stays); the trainer adds gradient shards,
   the gathered bf16 layers FSDP2 works on, the activations of one micro-batch and the loss head.
 
+vLLM's share: ``rollout.gpu_memory_utilization`` when it is set; else (the default) the plan chooses
+it, as the trainer does on its GPU: all the rollout phase leaves beside the trainer's resident state
+and a GPU retriever, less ``MEMORY_HEADROOM_GIB``, at most 0.85 (``mopd.config.free_memory_share``).
+A teacher replica is chosen only where it leaves vLLM that largest share; otherwise the teacher is
+sharded and vLLM gets the memory (KV cache that holds more calls at once beats fewer all-gathers).
+
 Every number comes from the model's config.json (read offline: a local model directory, a config
 bundled in ``mopd/train/model_configs/``, or the Hugging Face cache) and the run config; the few
 constants that are not (CUDA context, vLLM's own runtime) are named below and printed with the plan.
@@ -22,6 +28,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mopd.config import DEFAULT_GPU_MEMORY_UTILIZATION, MEMORY_HEADROOM_GIB, free_memory_share
 
 GIB = 2 ** 30
 BUNDLED = Path(__file__).parent / "model_configs"
@@ -130,8 +138,13 @@ class MemoryPlan:
     training: list[Item] = field(default_factory=list)
     rollout: list[Item] = field(default_factory=list)
     teacher_placement: str = "none"
+    retriever_gib: float = 0.0
     kv_tokens: int = 0
     max_model_len: int = 0
+    gpu_memory_utilization: float = 0.0
+    """vLLM's share of the GPU in this plan: the config's, or the plan's choice (``auto_share``)."""
+    auto_share: bool = False
+    """Whether the plan chose ``gpu_memory_utilization`` (the config left it empty)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -146,6 +159,15 @@ class MemoryPlan:
     def fits(self) -> bool:
         return not self.problems
 
+    def share_line(self) -> str:
+        """One line: vLLM's share and where it came from."""
+        if not self.auto_share:
+            return f"rollout.gpu_memory_utilization {self.gpu_memory_utilization:g} (as set)"
+        return (f"rollout.gpu_memory_utilization {self.gpu_memory_utilization:.2f}, chosen by the memory plan for "
+                f"{self.gpu_gib:.0f} GiB GPUs: what the rollout phase leaves beside the trainer"
+                f"{' and the retriever' if self.retriever_gib else ''}, less {MEMORY_HEADROOM_GIB:g} GiB of headroom, "
+                f"at most {DEFAULT_GPU_MEMORY_UTILIZATION} (set rollout.gpu_memory_utilization to choose it)")
+
     def render(self) -> str:
         s = self.shape
         lines = [(f"per-GPU memory plan: {self.world} GPU(s) of {self.gpu_gib:.0f} GiB; model {s.params / 1e9:.2f}B "
@@ -159,7 +181,9 @@ class MemoryPlan:
         calls = self.kv_tokens // max(self.max_model_len, 1)
         lines.append(f"  vLLM KV cache: {self.kv_tokens:,} tokens = {calls} calls of max_model_len {self.max_model_len}")
         lines.append(f"  allowances: CUDA context {CUDA_CONTEXT_GIB} GiB, vLLM runtime {VLLM_RUNTIME_GIB} GiB, "
-                     f"sleeping vLLM {VLLM_ASLEEP_GIB} GiB")
+                     f"sleeping vLLM {VLLM_ASLEEP_GIB} GiB" + (f", headroom {MEMORY_HEADROOM_GIB} GiB" if self.auto_share
+                                                              else ""))
+        lines.append(self.share_line())
         lines.append("FITS" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems))
         return "\n".join(lines)
 
@@ -221,12 +245,20 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
                        + (" (shards on CPU)" if cpu_offload else ""))
         teacher_items = [replicated, sharded]
 
-    vllm_share = cfg.rollout.gpu_memory_utilization * gpu_gib
+    set_share = cfg.rollout.gpu_memory_utilization
     weights_bf16 = 2 * P / GIB
     tp = max(1, cfg.rollout.tensor_parallel_size)
 
-    def phases(teacher: Item | None):
-        resident = [master, adam] + ([teacher] if teacher else []) + [context] + served
+    def resident_of(teacher: Item | None) -> list[Item]:
+        return [master, adam] + ([teacher] if teacher else []) + [context] + served
+
+    def share_of(teacher: Item | None) -> float:
+        if set_share is not None:
+            return set_share
+        return free_memory_share(gpu_gib - sum(i.gib for i in resident_of(teacher)), gpu_gib)
+
+    def phases(teacher: Item | None, share: float):
+        resident = resident_of(teacher)
         gathered = 2 * shape.embed_params + 2 * 2 * shape.layer_params        # root + two layers, bf16
         backward = 2 * (2 + 4) * shape.layer_params                           # bf16 grads + fp32 reduce, two layers
         act_saved = shape.layers * tokens * shape.hidden * 2 if ckpt else \
@@ -243,25 +275,24 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
             Item("fused loss head + loss inputs", (loss_head + loss_inputs) / GIB, "no [T, V] logits"),
             Item("vLLM asleep (level 2)", VLLM_ASLEEP_GIB, "allowance"),
         ]
-        rollout = resident + [Item("vLLM share (weights + KV + runtime)", vllm_share,
-                                   f"gpu_memory_utilization {cfg.rollout.gpu_memory_utilization}")]
+        rollout = resident + [Item("vLLM share (weights + KV + runtime)", share * gpu_gib,
+                                   f"gpu_memory_utilization {share:g}" + (" (chosen by the plan)"
+                                                                         if set_share is None else ""))]
         return training, rollout
 
-    choice = None
-    if frozen:
-        for teacher, name in ((teacher_items[0], "replicated in bf16 on every GPU"),
-                              (teacher_items[1], "FSDP2-sharded")):
-            training, rollout = phases(teacher)
-            if sum(i.gib for i in training) <= gpu_gib and sum(i.gib for i in rollout) <= gpu_gib:
-                choice = (training, rollout, name)
-                break
-        if choice is None:
-            training, rollout = phases(teacher_items[1])
-            choice = (training, rollout, "FSDP2-sharded")
-    else:
-        training, rollout = phases(None)
-        choice = (training, rollout, "none")
-    plan.training, plan.rollout, plan.teacher_placement = choice
+    options = [(teacher_items[0], "replicated in bf16 on every GPU"), (teacher_items[1], "FSDP2-sharded")] \
+        if frozen else [(None, "none")]
+    for n, (teacher, name) in enumerate(options):
+        share = share_of(teacher)
+        training, rollout = phases(teacher, share)
+        fits = sum(i.gib for i in training) <= gpu_gib and sum(i.gib for i in rollout) <= gpu_gib
+        # A chosen share makes the rollout phase fit by construction: a replica then only where it
+        # costs vLLM nothing (its share is still the largest the plan gives).
+        if n == len(options) - 1 or (fits and (set_share is not None or share >= DEFAULT_GPU_MEMORY_UTILIZATION)):
+            break
+    plan.training, plan.rollout, plan.teacher_placement = training, rollout, name
+    plan.gpu_memory_utilization, plan.auto_share, plan.retriever_gib = share, set_share is None, retriever_gib
+    vllm_share = share * gpu_gib
 
     kv_gib = vllm_share - weights_bf16 / tp - VLLM_RUNTIME_GIB
     plan.kv_tokens = max(0, int(kv_gib * GIB // (shape.kv_bytes_per_token / tp)))
@@ -273,27 +304,65 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     resident = plan.rollout_gib - vllm_share
     if plan.rollout_gib > gpu_gib:
         plan.problems.append(f"the trainer keeps {resident:.1f} GiB during rollout but vLLM's "
-                             f"gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} leaves it "
+                             f"gpu_memory_utilization {share:g} leaves it "
                              f"{gpu_gib - vllm_share:.1f} GiB: vLLM would refuse to start (lower "
-                             "rollout.gpu_memory_utilization or use more GPUs)")
+                             "rollout.gpu_memory_utilization, or leave it empty for the plan's, or use more GPUs)")
     if plan.kv_tokens < plan.max_model_len:
+        fix = "raise rollout.gpu_memory_utilization" if set_share is not None else \
+            (f"the plan's gpu_memory_utilization {share:.2f} is all the trainer leaves: use more GPUs or larger ones")
         plan.problems.append(f"vLLM's KV cache holds {plan.kv_tokens} tokens, less than one call of max_model_len "
-                             f"{plan.max_model_len} (raise rollout.gpu_memory_utilization or lower "
-                             "rollout.max_input_tokens/max_output_tokens)")
+                             f"{plan.max_model_len} ({fix}, or lower rollout.max_input_tokens/max_output_tokens)")
     return plan
 
 
-def shard_frozen_models(cfg, world: int, gpu_gib: float | None = None) -> bool:
+def this_gpu(device=None) -> tuple[float, float]:
+    """``(total GiB, GiB other processes hold)`` of this process's GPU now: the GPU's memory, and what
+    is taken on it beyond this process's allocator (a retriever served there; this process's own
+    CUDA context is counted too, as the plan's context allowance counts it: under a GiB twice).
+    ``(H200_GIB, 0)`` without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return H200_GIB, 0.0
+    free, total = torch.cuda.mem_get_info(device)
+    others = max(0, total - free - torch.cuda.memory_reserved(device))
+    return total / GIB, others / GIB
+
+
+def shard_frozen_models(cfg, world: int, gpu_gib: float | None = None, others_gib: float = 0.0) -> bool:
     """Whether the teacher/reference should be FSDP2-sharded rather than replicated in bf16 on
     every GPU: replicate (no all-gather per scoring micro-batch) when the plan fits that way.
+    ``gpu_gib`` defaults to this GPU's memory and ``others_gib`` then to what other processes hold
+    on it (:func:`this_gpu`), as the trainer's choice of vLLM's share counts them.
     One process never shards; a model whose shape cannot be read is sharded (the safe choice)."""
     if world <= 1:
         return False
     if gpu_gib is None:
-        import torch
-
-        gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else H200_GIB
+        gpu_gib, others_gib = this_gpu()
     try:
-        return plan_memory(cfg, gpu_gib=gpu_gib, world=world).teacher_placement != "replicated in bf16 on every GPU"
+        plan = plan_memory(cfg, gpu_gib=gpu_gib, world=world, retriever_gib=others_gib)
+        return plan.teacher_placement != "replicated in bf16 on every GPU"
     except (PlanError, OSError, ValueError):
         return True
+
+
+def rollout_config_for_gpu(cfg, world: int, device=None):
+    """``(rollout config, line)``: ``cfg.rollout`` with vLLM's share filled in from the memory plan of
+    this GPU (its memory, and what other processes hold on it as the retriever's) when the config
+    leaves it empty, and a line saying what was chosen; ``cfg.rollout`` itself and ``""`` for
+    another engine, a share that is set, or no CUDA (vLLM's CPU build sizes its KV cache itself).
+    Raises :class:`PlanError` when the share the plan leaves holds no call's KV cache."""
+    import dataclasses
+
+    import torch
+
+    r = cfg.rollout
+    if r.engine != "vllm" or r.gpu_memory_utilization is not None or not torch.cuda.is_available():
+        return r, ""
+    total, others = this_gpu(device)
+    plan = plan_memory(cfg, gpu_gib=total, world=world, retriever_gib=others)
+    if plan.kv_tokens < plan.max_model_len:
+        raise PlanError("no room for vLLM on this GPU: " + "; ".join(plan.problems))
+    line = (plan.share_line() + f" (this GPU: {total:.0f} GiB, {others:.1f} held by other processes; "
+            f"KV cache for {plan.kv_tokens // max(plan.max_model_len, 1)} calls of {plan.max_model_len} tokens)")
+    return dataclasses.replace(r, gpu_memory_utilization=plan.gpu_memory_utilization), line

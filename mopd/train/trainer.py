@@ -96,6 +96,8 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
 
+        self.memory_note = ""
+        """What the memory plan chose for vLLM's GPU share (empty when nothing was chosen)."""
         self.engine = self._build_engine()
         if retriever is None:
             from mopd.retriever import load_retriever
@@ -124,6 +126,8 @@ class PolicyTrainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             if self._skipped_rows:
                 self.logger.event(0, "data", f"skipped {self._skipped_rows} malformed training rows")
+        if self.memory_note:
+            self.logger.event(0, "memory_plan", self.memory_note)
         self._say_if_not_tiny()
         if resume:
             self.resume()
@@ -151,7 +155,8 @@ class PolicyTrainer:
         # does. FSDP ranks generate different workloads, which sharded forwards cannot do: there
         # every engine keeps a full inference copy, refreshed after every update.
         offer = None if self.sharded else (self.model, self.tokenizer)
-        engine = build_engine(cfg.rollout, cfg.model.path, dtype=cfg.model.dtype, device=str(self.device),
+        rollout_cfg = self._engine_rollout_config()
+        engine = build_engine(rollout_cfg, cfg.model.path, dtype=cfg.model.dtype, device=str(self.device),
                               trainer_model=offer)
         if cfg.trainer.old_logprobs == "rollout" and resolve_dtype(cfg.model.dtype, self.device) == torch.bfloat16:
             raise ConfigError(ROLLOUT_LOGPROBS_BF16 + f" (model.dtype={cfg.model.dtype} trains in bfloat16 on "
@@ -161,6 +166,21 @@ class PolicyTrainer:
                               f"trainer's; rollout.engine={cfg.rollout.engine} computes them differently "
                               "(precision, processed logits): use trainer.old_logprobs=recompute")
         return engine
+
+    def _engine_rollout_config(self):
+        """``cfg.rollout`` with vLLM's GPU memory share from the memory plan of this GPU when it is left
+        empty (``mopd.train.memory_plan.rollout_config_for_gpu``), said on rank 0 before vLLM starts."""
+        from mopd.train.memory_plan import PlanError, rollout_config_for_gpu
+
+        if self.device.type == "cuda" and self.cfg.rollout.engine == "vllm":
+            torch.cuda.empty_cache()   # what loading and sharding left cached is free for vLLM to count
+        try:
+            rollout_cfg, self.memory_note = rollout_config_for_gpu(self.cfg, self.world, self.device)
+        except PlanError as e:
+            raise ConfigError(f"rollout.gpu_memory_utilization: {e}") from None
+        if self.memory_note and self.rank == 0:
+            print(f"mopd: {self.memory_note}", file=sys.stderr, flush=True)
+        return rollout_cfg
 
     def _refresh_engine(self) -> None:
         """The updated weights into the engine, streamed one parameter at a time, then its cache."""

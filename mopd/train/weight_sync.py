@@ -4,8 +4,10 @@ Per step and per rank (docs/architecture.md, "Performance targets")::
 
     rollout -> engine.sleep(level=2)          # KV cache and weights freed: the GPU is the trainer's
             -> scoring and PPO updates
+            -> torch.cuda.empty_cache()          # torch's cached blocks back to the driver, before each wake-up
             -> engine.wake_up(tags=["weights"])  # weight memory back (contents undefined after level 2)
             -> engine.load_weights(stream)       # one full parameter at a time, bf16, tied weights once
+            -> torch.cuda.empty_cache()
             -> engine.wake_up(tags=["kv_cache"]) # KV cache back, scheduling resumes
             -> engine.reset_prefix_cache()       # cached prefixes belong to the old weights
 
@@ -87,7 +89,17 @@ def refresh_engine(engine, model: nn.Module, dtype: torch.dtype = torch.bfloat16
     if shares_model(engine, model):
         engine.reset_prefix_cache()
         return
+    empty_cuda_cache()
     engine.wake_up(tags=["weights"])
     engine.load_weights(stream_parameters(model, dtype))
+    empty_cuda_cache()
     engine.wake_up(tags=["kv_cache"])
     engine.reset_prefix_cache()
+
+
+def empty_cuda_cache() -> None:
+    """Hand the blocks torch's caching allocator keeps (the step's activations and gradients, the
+    gathered parameters of the sync) back to the driver: vLLM wakes through its own allocator, which
+    cannot use memory torch has cached, so without this a wake-up can run out of memory with the
+    GPU mostly idle (verl's users hit it: verl issues 575 and 6912). A no-op without CUDA."""
+    torch.cuda.empty_cache()

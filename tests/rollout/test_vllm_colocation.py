@@ -141,7 +141,10 @@ def test_build_engine_passes_the_length_limit_and_memory_share_from_the_config(f
     build_engine(cfg, "/models/qwen")
     kw = FakeLLM.instances[-1].kwargs
     assert kw["max_model_len"] == 8192 + 512
-    assert kw["gpu_memory_utilization"] == cfg.gpu_memory_utilization == 0.85
+    # unset: the standalone share (the trainer and `mopd eval run` fill in the memory plan's first)
+    assert cfg.gpu_memory_utilization is None and kw["gpu_memory_utilization"] == 0.85
+    build_engine(dataclasses.replace(cfg, gpu_memory_utilization=0.62), "/models/qwen")
+    assert FakeLLM.instances[-1].kwargs["gpu_memory_utilization"] == 0.62
 
 
 def test_engine_on_rank_3_uses_the_trainers_device_and_keeps_the_callers_rng(fake_vllm, monkeypatch):

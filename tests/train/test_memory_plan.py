@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from mopd.config import resolve
 from mopd.train.memory_plan import GIB, H200_GIB, ModelShape, PlanError, load_model_config, plan_memory
@@ -118,7 +119,80 @@ def test_a_retriever_served_on_the_same_gpus_is_planned_in_both_phases():
         assert {i.name: i.gib for i in phase}["GPU retriever (index + faiss scratch)"] == 6.0
     assert bare.teacher_placement.startswith("replicated") and served.teacher_placement == "FSDP2-sharded"
     assert served.fits and served.rollout_gib <= H200_GIB
-    too_big = plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=20.0)
+    too_big = plan_memory(resolve("mopd", [f"model.path={QWEN}", "rollout.gpu_memory_utilization=0.85"]),
+                          gpu_gib=H200_GIB, world=8, retriever_gib=20.0)
     assert not too_big.fits and "vLLM would refuse to start" in " ".join(too_big.problems)
+    # left to the plan, vLLM's share makes room: (139 - 10.66 trainer - 20 retriever - 2 headroom) / 139 -> 0.76
+    roomy = plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=20.0)
+    assert roomy.fits and roomy.gpu_memory_utilization == 0.76 and roomy.auto_share
     with pytest.raises(PlanError):
         plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=-1.0)
+
+
+def _resident_gib(plan):
+    return sum(i.gib for i in plan.rollout if not i.name.startswith("vLLM share"))
+
+
+@pytest.mark.parametrize("gpu_gib,retriever_gib,share", [(80, 6, 0.76), (141, 6, 0.85), (139, 0, 0.85),
+                                                          (40, 6, 0.53), (40, 0, 0.68)])
+def test_left_empty_vllms_share_is_what_the_rollout_phase_leaves(gpu_gib, retriever_gib, share):
+    """Issue 33: at the old fixed 0.85, 8 H100s beside a 6 GiB retriever needed 84.7 of 80 GiB. The plan
+    now gives vLLM what the trainer's resident state leaves, less 2 GiB, at most 0.85: on an H100
+    (80 - 1.87 master - 3.75 AdamW - 2.04 teacher shard - 3 context - 6 retriever - 2) / 80 = 0.767."""
+    cfg = resolve("mopd", [f"model.path={QWEN}"])
+    assert cfg.rollout.gpu_memory_utilization is None
+    plan = plan_memory(cfg, gpu_gib=gpu_gib, world=8, retriever_gib=retriever_gib)
+    assert plan.fits, plan.problems
+    assert plan.auto_share and plan.gpu_memory_utilization == share
+    assert share == min(0.85, int(100 * (gpu_gib - _resident_gib(plan) - 2.0) / gpu_gib) / 100)
+    assert plan.rollout_gib <= gpu_gib - (2.0 if share < 0.85 else 0) + 1e-9
+    assert plan.kv_tokens >= 8 * plan.max_model_len            # an A100 40 beside a retriever: 8 calls at once
+    assert f"rollout.gpu_memory_utilization {share:.2f}, chosen by the memory plan" in plan.render()
+    fixed = plan_memory(resolve("mopd", [f"model.path={QWEN}", "rollout.gpu_memory_utilization=0.85"]),
+                        gpu_gib=80, world=8, retriever_gib=6)
+    assert not fixed.fits and fixed.rollout_gib > 84                 # what the issue measured
+
+
+def test_left_empty_a_replica_is_kept_only_where_vllm_keeps_its_largest_share():
+    cfg = resolve("mopd", [f"model.path={QWEN}"])
+    h200 = plan_memory(cfg, gpu_gib=H200_GIB, world=8)
+    assert h200.teacher_placement.startswith("replicated") and h200.gpu_memory_utilization == 0.85
+    h100 = plan_memory(cfg, gpu_gib=80, world=8)   # a replica would cost vLLM 6 GiB of KV cache: sharded
+    assert h100.teacher_placement == "FSDP2-sharded" and h100.gpu_memory_utilization == 0.84
+
+
+def test_cli_plan_for_8_h100_beside_a_retriever_fits_at_the_defaults(capsys):
+    from mopd.cli import main
+
+    assert main(["plan", "--gpus", "8", "--gpu-gib", "80", "--retriever-gib", "6", "mopd", f"model.path={QWEN}"]) == 0
+    out = capsys.readouterr().out
+    assert "FITS" in out and "rollout.gpu_memory_utilization 0.76, chosen by the memory plan for 80 GiB" in out
+
+
+def test_the_trainer_takes_its_share_from_the_plan_of_its_gpu(monkeypatch, capsys):
+    import types
+
+    from mopd.config import ConfigError
+    from mopd.train.memory_plan import rollout_config_for_gpu
+    from mopd.train.trainer import PolicyTrainer
+
+    calls = []
+    # an 80 GiB GPU: this process's allocator holds 10 GiB, a retriever 6 more, 64 free
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (64 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 10 * GIB)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    cfg = resolve("mopd", [f"model.path={QWEN}", "rollout.engine=vllm"])
+    rollout, line = rollout_config_for_gpu(cfg, world=8)
+    assert rollout.gpu_memory_utilization == 0.76 and cfg.rollout.gpu_memory_utilization is None
+    assert "0.76" in line and "6.0 held by other processes" in line
+    for kept in (resolve("mopd", [f"model.path={QWEN}", "rollout.engine=vllm", "rollout.gpu_memory_utilization=0.5"]),
+                 resolve("mopd", [f"model.path={QWEN}"])):                                  # set, or the HF engine
+        assert rollout_config_for_gpu(kept, world=8) == (kept.rollout, "")
+    fake = types.SimpleNamespace(cfg=cfg, world=8, rank=0, device=torch.device("cuda", 0))
+    assert PolicyTrainer._engine_rollout_config(fake).gpu_memory_utilization == 0.76
+    assert calls == ["empty_cache"] and fake.memory_note == line and "0.76" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (14 * GIB, 24 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 10 * GIB)
+    with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization: no room for vLLM on this GPU.*KV cache"):
+        PolicyTrainer._engine_rollout_config(fake)
