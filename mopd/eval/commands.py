@@ -17,7 +17,10 @@ def register(sub) -> None:
         "run", help="run K independent workflows per question and record them (resumable)",
         description="One Answerer candidate per request, temperature 0.6, top-p 0.95, 8192/512 token limits "
                     "(the eval.* and rollout.* config keys); records go to OUT/records.jsonl. A killed run "
-                    "continues with the questions it has not finished when started again with the same OUT.")
+                    "continues with the questions it has not finished when started again with the same OUT "
+                    "(and the same settings, model, retriever and engine). The retriever must be named: "
+                    "retriever.index=DIR, retriever.kind=http retriever.url=URL, or retriever.index=bundled for "
+                    "the bundled toy corpus. On a GPU the engine is vLLM unless rollout.engine is set.")
     run.add_argument("--model", required=True, help="model directory (Hugging Face format)")
     run.add_argument("--workflow", required=True, choices=list(workflow_names()), help="cascade or hierarchy")
     run.add_argument("--manifest", required=True, help="test questions (FlashRAG .jsonl or Search-R1 .parquet)")
@@ -66,10 +69,14 @@ def _run(args) -> int:
     from mopd.core.fingerprint import model_fingerprint
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
-    from mopd.eval.runner import EvalPlan, run_evaluation
+    from mopd.eval.runner import EvalPlan, check_continuation, run_evaluation
     from mopd.rollout.run_state import WorkflowSettings
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    engine_line = choose_engine(cfg, engine_set_by_user(args), cuda, cuda and vllm_installed())
     attempts = args.attempts if args.attempts is not None else cfg.eval.attempts
     if attempts < 1:
         raise UserError("--attempts must be >= 1")
@@ -93,6 +100,7 @@ def _run(args) -> int:
     if problem:
         raise UserError(f"--model {args.model}: {problem}" if problem.startswith("this is") else
                         f"--model {args.model} {problem}")
+    retriever_id = _retriever_identity(cfg)
     try:
         from mopd.rollout.async_scheduler import run_rollout as run_workflows
     except ImportError as e:
@@ -109,15 +117,27 @@ def _run(args) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     check_chat_template(tokenizer, cfg.model.chat_template_kwargs, name=args.model)
     cfg = fit_context(cfg, args.model)
-    engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
-    tokenizer = getattr(engine, "tokenizer", None) or tokenizer
-    retriever = load_retriever(cfg.retriever)
     method = args.method or Path(args.model).resolve().name
-    try:
+    try:   # a continued evaluation with other settings (model, retriever, engine, ...) is refused now
         plan = EvalPlan(args.out, WorkflowSettings.for_evaluation(cfg, args.workflow), attempts=attempts,
                         method=method, chunk_questions=args.chunk, keep_token_ids=args.keep_token_ids,
                         run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
-                        model=model_fingerprint(args.model))
+                        model=model_fingerprint(args.model), retriever=retriever_id, engine=cfg.rollout.engine)
+        check_continuation(plan)
+    except EvalError as e:
+        raise UserError(str(e)) from None
+    try:   # before the engine, so that what the retriever holds on the GPU counts when vLLM's share is chosen
+        retriever = load_retriever(cfg.retriever)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise UserError(f"retriever ({cfg.retriever.kind}): {e}") from None
+    if engine_line:
+        print(engine_line)
+    share_line = fill_memory_share(cfg, cuda)
+    if share_line:
+        print(share_line)
+    engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
+    tokenizer = getattr(engine, "tokenizer", None) or tokenizer
+    try:
         path = run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_workflows, progress=True,
                               log=print)
     except EvalError as e:
@@ -127,6 +147,78 @@ def _run(args) -> int:
     print(format_validity_line(iter_records(path)))
     print(f"records: {path}")
     return 0
+
+
+def engine_set_by_user(args) -> bool:
+    """Whether the command line, the YAML file or the preset sets ``rollout.engine``."""
+    from mopd.config import PRESETS, RolloutConfig, normalize_overrides
+
+    if any(o.split("=", 1)[0].strip() == "rollout.engine" for o in normalize_overrides(list(args.overrides or []))):
+        return True
+    if args.yaml_file:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.select(OmegaConf.load(args.yaml_file), "rollout.engine", default=None) is not None:
+            return True
+    return bool(args.preset) and args.preset in PRESETS and \
+        PRESETS[args.preset]().rollout.engine != RolloutConfig().engine
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_engine(cfg, engine_set: bool, cuda: bool, have_vllm: bool) -> str:
+    """On a GPU, evaluation runs on vLLM (as the paper's) unless ``rollout.engine`` was set: sets
+    ``cfg.rollout.engine`` and returns a line saying so ("" when nothing was chosen). Without vLLM
+    (the gpu extra) it stays on the HF engine, and the line says that instead."""
+    if engine_set or not cuda or cfg.rollout.engine == "vllm":
+        return ""
+    if not have_vllm:
+        return ("rollout.engine hf: vLLM, the default on a GPU, is not installed (pip install 'mopd[gpu]'); "
+                "set rollout.engine=hf to silence this")
+    cfg.rollout.engine = "vllm"
+    return "rollout.engine vllm: evaluation on a GPU runs on vLLM (set rollout.engine=hf for transformers)"
+
+
+def fill_memory_share(cfg, cuda: bool) -> str:
+    """vLLM's share of the GPU when ``rollout.gpu_memory_utilization`` is empty: what is free now less
+    the headroom, at most 0.85 (``mopd.config.free_memory_share``); returns the line saying so."""
+    if cfg.rollout.engine != "vllm" or cfg.rollout.gpu_memory_utilization is not None or not cuda:
+        return ""
+    import torch
+
+    from mopd.config import free_memory_share
+
+    free, total = torch.cuda.mem_get_info()
+    share = free_memory_share(free / 2 ** 30, total / 2 ** 30)
+    if share <= 0:
+        from mopd.core.errors import UserError
+
+        raise UserError(f"the GPU has {free / 2 ** 30:.1f} of {total / 2 ** 30:.0f} GiB free: no room for vLLM "
+                        "(set rollout.gpu_memory_utilization, or free the GPU)")
+    cfg.rollout.gpu_memory_utilization = share
+    return (f"rollout.gpu_memory_utilization {share:.2f}: what is free on this GPU ({free / 2 ** 30:.1f} of "
+            f"{total / 2 ** 30:.0f} GiB) less the headroom, at most 0.85 (set rollout.gpu_memory_utilization "
+            "to choose it)")
+
+
+def _retriever_identity(cfg) -> dict:
+    """The retriever the evaluation reads, as its run.json records it; no retriever (or one that
+    cannot be reached or read) is one line."""
+    from mopd.core.errors import UserError
+    from mopd.retriever import IndexDirError, NoRetriever, RetrieverUnavailable, retriever_identity
+
+    try:
+        return retriever_identity(cfg.retriever)
+    except NoRetriever as e:
+        raise UserError(str(e)) from None
+    except IndexDirError as e:
+        raise UserError(f"retriever.index={cfg.retriever.index}: {e}") from None
+    except RetrieverUnavailable as e:
+        raise UserError(f"retriever.url: {e}") from None
 
 
 def _parse_collapse(items):

@@ -9,7 +9,8 @@ Resumability: questions are run in chunks; after each chunk the records of its q
 appended to ``OUT/records.jsonl`` and fsynced. On a restart the file is read back, a truncated last
 line (a kill mid-write) is cut off, records of questions that do not have all K attempts are
 dropped, and only the questions not yet complete are run. ``OUT/run.json`` keeps the settings of the
-run; a restart with different settings (workflow, attempts, sampling) is refused rather than mixed.
+run; a restart with different settings (workflow, attempts, sampling, the model, the retriever and
+its index, the engine) is refused rather than mixed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from mopd.eval.loading import RECORDS_FILE
 from mopd.rollout.run_state import WorkflowSettings
 
 RUN_FILE = "run.json"
+RECORDED_SINCE = ("retriever_", "engine")
+"""Settings that run.json files of older evaluations lack (not compared when absent there)."""
 RunWorkflows = Callable[..., List[WorkflowRecord]]
 """``run_workflows(engine, retriever, tokenizer, questions, settings, *, attempts, method, progress)
 -> records``; default: ``mopd.rollout.async_scheduler.run_rollout`` (the asynchronous scheduler where
@@ -55,6 +58,12 @@ class EvalPlan:
     """The evaluated model's fingerprint (``mopd.core.fingerprint.model_fingerprint``: resolved path
     and weights hash); part of the fixed settings, so a restart with another model is refused even
     when its directory has the same name (every export is called ``export``)."""
+    retriever: dict = field(default_factory=dict)
+    """The retriever's identity (``mopd.retriever.retriever_identity``: kind, index directory or URL,
+    the index's fingerprint); part of the fixed settings: records retrieved from two indexes are
+    not one evaluation."""
+    engine: str = ""
+    """The rollout engine (``rollout.engine``); part of the fixed settings (engines sample differently)."""
 
     def __post_init__(self):
         if self.attempts < 1 or self.chunk_questions < 1:
@@ -67,7 +76,9 @@ class EvalPlan:
         for knob in ("max_batch_calls", "max_active_runs", "retrieval_workers", "retrieval_timeout_s"):
             fixed.pop(knob, None)
         model = {f"model_{k}": v for k, v in self.model.items()}
-        return {"attempts": self.attempts, "method": self.method, **model, **fixed}
+        retriever = {f"retriever_{k}": v for k, v in self.retriever.items()}
+        engine = {"engine": self.engine} if self.engine else {}
+        return {"attempts": self.attempts, "method": self.method, **model, **retriever, **engine, **fixed}
 
 
 def drop_token_ids(record: WorkflowRecord) -> WorkflowRecord:
@@ -123,7 +134,10 @@ def settings_changes(out: Path, settings: dict) -> dict:
     if not f.is_file():
         return {}
     old = json.loads(f.read_text(encoding="utf-8")).get("settings", {})
-    return {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    # As run.json holds them (tuples read back as lists); a run recorded before run.json held the
+    # retriever and the engine is compared on the rest.
+    new = {k: v for k, v in json.loads(json.dumps(settings)).items() if k in old or not k.startswith(RECORDED_SINCE)}
+    return {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
 
 
 def _check_settings(out: Path, settings: dict) -> None:
@@ -131,6 +145,12 @@ def _check_settings(out: Path, settings: dict) -> None:
     if diff:
         raise EvalError(f"{out} holds a run with other settings {diff} (old, new); "
                         "use another --out directory or the same settings to resume")
+
+
+def check_continuation(plan: EvalPlan) -> None:
+    """Refuse (:class:`EvalError`, one line) a plan whose out_dir holds an evaluation with other fixed
+    settings, before an engine loads; :func:`run_evaluation` checks it again."""
+    _check_settings(plan.out_dir, plan.fixed_settings())
 
 
 def _write_run_file(out: Path, settings: dict, questions: int, finished: int, extra: dict) -> None:

@@ -40,7 +40,7 @@ def test_eval_run_then_report(tiny_model, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     args = ["eval", "run", "--model", str(tiny_model), "--workflow", "cmas", "--manifest", str(manifest),
             "--attempts", "2", "--out", str(out), "--chunk", "2",
-            "rollout.max_output_tokens=12", "rollout.max_steps=2"]
+            "rollout.max_output_tokens=12", "rollout.max_steps=2", "retriever.index=bundled"]
     assert main(args) == 0
     recs = read_records(out / "records.jsonl")
     assert sorted((r.question_id, r.attempt) for r in recs) == [(f"q{i}", a) for i in range(3) for a in range(2)]
@@ -51,6 +51,7 @@ def test_eval_run_then_report(tiny_model, tmp_path, monkeypatch, capsys):
     run = json.loads((out / "run.json").read_text())
     assert run["settings"]["temperature"] == 0.6 and run["settings"]["max_output_tokens"] == 12
     assert run["finished_questions"] == 3
+    assert run["settings"]["engine"] == "hf" and run["settings"]["retriever_index"] == "bundled"   # as asked, on a CPU
     # Started again: nothing left to run, records unchanged.
     before = (out / "records.jsonl").read_bytes()
     assert main(args) == 0

@@ -48,6 +48,49 @@ def test_same_named_model_elsewhere_or_rewritten_is_refused(tmp_path):
     assert "model_path" not in str(e.value)
 
 
+def test_another_retriever_index_or_engine_is_refused_as_a_changed_setting(tmp_path):
+    import json
+
+    from mopd.eval.runner import check_continuation
+
+    a = _model_dir(tmp_path / "m", b"\x01" * 1000)
+    out = tmp_path / "run"
+    first = {"kind": "inprocess", "index": "/idx/wiki", "fingerprint": "f" * 32}
+
+    def plan(retriever=first, engine="vllm"):
+        return EvalPlan(out, WorkflowSettings.for_evaluation(Config(), "cmas"), attempts=2, method="export",
+                        model=model_fingerprint(a), retriever=retriever, engine=engine)
+
+    run_evaluation(None, None, None, _questions(2), plan(), run_fn=_fake_rollout)
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert settings["retriever_kind"] == "inprocess" and settings["retriever_index"] == "/idx/wiki"
+    assert settings["retriever_fingerprint"] == "f" * 32 and settings["engine"] == "vllm"
+    run_evaluation(None, None, None, _questions(3), plan(), run_fn=_fake_rollout)     # the same: continues
+    for other, key in ((dict(first, fingerprint="e" * 32), "retriever_fingerprint"),   # the index rebuilt
+                       (dict(first, index="/idx/bundled"), "retriever_index"),
+                       ({"kind": "http", "url": "http://h:8000", "fingerprint": "f" * 32}, "retriever_kind")):
+        with pytest.raises(EvalError, match=key) as e:
+            check_continuation(plan(retriever=other))
+        assert "\n" not in str(e.value)
+        with pytest.raises(EvalError, match=key):
+            run_evaluation(None, None, None, _questions(3), plan(retriever=other), run_fn=_fake_rollout)
+    with pytest.raises(EvalError, match="'engine': \\('vllm', 'hf'\\)"):
+        check_continuation(plan(engine="hf"))
+
+
+def test_an_evaluation_recorded_before_the_retriever_was_continues(tmp_path):
+    import json
+
+    a = _model_dir(tmp_path / "m", b"\x01" * 1000)
+    out = tmp_path / "run"
+    run_evaluation(None, None, None, _questions(2), _plan(out, a), run_fn=_fake_rollout)   # no retriever, engine
+    ident = {"kind": "inprocess", "index": "/idx", "fingerprint": "f" * 32}
+    again = EvalPlan(out, WorkflowSettings.for_evaluation(Config(), "cmas"), attempts=2, method="export",
+                     model=model_fingerprint(a), retriever=ident, engine="hf")
+    run_evaluation(None, None, None, _questions(3), again, run_fn=_fake_rollout)
+    assert json.loads((out / "run.json").read_text())["settings"]["retriever_index"] == "/idx"
+
+
 def test_fingerprint_reads_samples_of_large_files_and_ignores_other_files(tmp_path):
     big = bytearray(b"\x00" * (9 << 20))
     a = _model_dir(tmp_path / "a", bytes(big))
@@ -83,7 +126,8 @@ def test_eval_run_cli_refuses_another_export_in_the_same_out(tmp_path, monkeypat
 
     def run(model):
         return main(["eval", "run", "--model", str(model), "--workflow", "cmas", "--manifest", str(manifest),
-                     "--attempts", "1", "--out", str(out), "rollout.max_output_tokens=4", "rollout.max_steps=2"])
+                     "--attempts", "1", "--out", str(out), "rollout.max_output_tokens=4", "rollout.max_steps=2",
+                     "retriever.index=bundled"])
 
     assert run(a) == 0
     capsys.readouterr()
