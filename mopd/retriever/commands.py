@@ -74,6 +74,10 @@ def register(sub) -> None:
     s.add_argument("--max-batch-work", type=int, default=4096,
                    help="most work (queries x longest query's characters) in one encoder + index call")
     s.add_argument("--no-batching", action="store_true", help="one encoder + index call per request")
+    s.add_argument("--encoder-devices", default=None, metavar="DEVICES",
+                   help="put a query encoder on each of these devices and split every batch of queries over "
+                        "them: 'all' (every visible GPU, e.g. those --faiss-gpu shards the index over), or "
+                        "cuda:0,cuda:1 / 0,1 (default: one encoder, on --device)")
     s.set_defaults(func=_serve)
 
     q = rsub.add_parser("search", help="search an index (or a server with --url) and print the passages")
@@ -119,9 +123,15 @@ def _run(fn):
 def _open(args):
     from mopd.retriever import bundled_index, open_retriever
 
-    return open_retriever(args.index or bundled_index(progress=True), encoder=args.encoder,
-                          corpus_path=args.corpus, encoder_path=args.encoder_path, device=args.device,
-                          kind=args.search_kind, faiss_gpu=args.faiss_gpu)
+    retriever = open_retriever(args.index or bundled_index(progress=True), encoder=args.encoder,
+                               corpus_path=args.corpus, encoder_path=args.encoder_path, device=args.device,
+                               kind=args.search_kind, faiss_gpu=args.faiss_gpu)
+    if getattr(args, "encoder_devices", None) and retriever.encoder is not None:
+        from mopd.retriever.encoders import cuda_device_count, encoder_devices, replicate
+
+        retriever.encoder = replicate(retriever.encoder, encoder_devices(args.encoder_devices, cuda_device_count()))
+        print(f"query encoder on {retriever.encoder.device}", flush=True)
+    return retriever
 
 
 def _build(args) -> int:
@@ -188,6 +198,10 @@ def _serve(args) -> int:
         check_port(args.host, args.port)      # before the index loads (minutes for wiki-18)
     except (ValueError, PortInUse) as e:
         raise UserError(str(e)) from None
+    if args.encoder_devices:                  # a wrong device is said before the index loads too
+        from mopd.retriever.encoders import cuda_device_count, encoder_devices
+
+        _run(lambda: encoder_devices(args.encoder_devices, cuda_device_count()))
     retriever = _run(lambda: _open(args))
     try:
         serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,

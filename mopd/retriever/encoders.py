@@ -171,3 +171,111 @@ def load_encoder(name: str = "minilm", path: str | None = None, device: str | No
 
 def encoder_names() -> list[str]:
     return sorted(ENCODERS)
+
+
+# --------------------------------------------------------------------------------------------
+# One query encoder per GPU: the server's faiss-gpu index is sharded over every visible GPU, and
+# the encoder on cuda:0 alone made that GPU the one that also encodes every query.
+# --------------------------------------------------------------------------------------------
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def encoder_devices(spec: str | None, device_count: int) -> list[str]:
+    """The devices named by ``spec``: ``all`` (every one of ``device_count`` GPUs, else ``cpu``),
+    a comma list (``cuda:0,cuda:2`` or ``0,2``), or None / empty (no replicas: one encoder, as before)."""
+    if not spec:
+        return []
+    if spec == "all":
+        return [f"cuda:{i}" for i in range(device_count)] or ["cpu"]
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        dev = f"cuda:{part}" if part.isdigit() else part
+        if dev == "cuda":
+            dev = "cuda:0"
+        if dev.startswith("cuda:"):
+            n = dev[5:]
+            if not n.isdigit() or int(n) >= device_count:
+                raise EncoderUnavailable(f"encoder device {part!r}: this machine has {device_count} GPU(s) "
+                                         f"(cuda:0 to cuda:{device_count - 1})" if device_count else
+                                         f"encoder device {part!r}: this machine has no GPU")
+        elif dev != "cpu":
+            raise EncoderUnavailable(f"encoder device {part!r} is not cpu, cuda:N or N")
+        if dev not in out:
+            out.append(dev)
+    if not out:
+        raise EncoderUnavailable(f"--encoder-devices {spec!r} names no device")
+    return out
+
+
+def _same_device(a: str, b: str) -> bool:
+    norm = lambda d: "cuda:0" if d == "cuda" else d  # noqa: E731
+    return norm(a) == norm(b)
+
+
+class EncoderPool:
+    """Encoder replicas, one per device, used as one encoder.
+
+    A batch of at least ``min_slice`` texts per replica is cut into one contiguous slice per
+    replica, the slices encoded at once on threads (torch releases the GIL in its kernels), and the
+    vectors put back in input order; a smaller batch goes whole to the next replica in turn
+    (round-robin), so concurrent small batches also spread over the devices. Each replica runs one
+    batch at a time."""
+
+    def __init__(self, replicas: Sequence, min_slice: int = 8):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not replicas:
+            raise ValueError("EncoderPool needs at least one encoder")
+        self.replicas = list(replicas)
+        first = self.replicas[0]
+        self.name, self.dim, self.spec = first.name, first.dim, first.spec
+        self.devices = [r.device for r in self.replicas]
+        self.device = ",".join(self.devices)
+        self.min_slice = min_slice
+        self._locks = [threading.Lock() for _ in self.replicas]
+        self._next = 0
+        self._turn = threading.Lock()
+        self._threads = ThreadPoolExecutor(len(self.replicas), thread_name_prefix="encoder")
+
+    def _on(self, i: int, method: str, texts, **kw) -> np.ndarray:
+        with self._locks[i]:
+            return getattr(self.replicas[i], method)(texts, **kw)
+
+    def _split(self, method: str, texts: Sequence[str], **kw) -> np.ndarray:
+        n, k = len(texts), len(self.replicas)
+        if k == 1 or n < k * self.min_slice:
+            with self._turn:
+                i, self._next = self._next, (self._next + 1) % k
+            return self._on(i, method, texts, **kw)
+        bounds = [n * j // k for j in range(k + 1)]
+        futures = [self._threads.submit(self._on, j, method, list(texts[bounds[j]:bounds[j + 1]]), **kw)
+                   for j in range(k)]
+        return np.concatenate([f.result() for f in futures])
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._split("encode_queries", texts)
+
+    def encode_passages(self, texts: Sequence[str], progress: bool = False,
+                        on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        return self._split("encode_passages", texts, on_batch=on_batch)
+
+    def encode(self, texts: Sequence[str], progress: bool = False,
+               on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        return self._split("encode", texts, on_batch=on_batch)
+
+
+def replicate(encoder, devices: Sequence[str], load: Callable | None = None):
+    """``encoder`` (an :class:`Encoder`) on every device of ``devices``: the encoder itself where it
+    already sits, a copy from the same weights elsewhere; one device that is its own returns it as is."""
+    if not devices or (len(devices) == 1 and _same_device(devices[0], encoder.device)):
+        return encoder
+    load = load or load_encoder
+    replicas = [encoder if _same_device(d, encoder.device) else
+                load(encoder.name, str(encoder.model_path), d, encoder.batch_size) for d in devices]
+    return EncoderPool(replicas)
