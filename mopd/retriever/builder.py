@@ -18,6 +18,7 @@ import json
 import logging
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class IndexSpec:
     """Passages per encoder forward."""
     max_passages: int | None = None
     """Index only the first N rows of the corpus."""
+    devices: tuple[str, ...] = ()
+    """Encode on each of these devices at once, every chunk split over them (``encoder_devices``);
+    empty: one encoder on ``device``. Not part of what makes two builds the same index."""
 
 
 def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress: bool = False,
@@ -127,7 +131,9 @@ def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress
                 diff = [k for k in params if old.get(k) != params[k]]
                 raise IndexDirError(f"{out} holds an interrupted build with other settings ({', '.join(diff)} "
                                     "differ); run it with the same arguments to resume, or pass --overwrite")
-        else:
+        if index_kind != "bm25":
+            _check_disk(out, build, index_kind, n, spec, progress)      # before the first file of the build
+        if not pfile.is_file():
             pfile.write_text(json.dumps(params, indent=2))
         t0 = time.time()
         if index_kind == "bm25":
@@ -147,6 +153,53 @@ def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress
         corpus.close()
         _say(f"built {index_kind} index of {n} passages in {out} ({time.time() - t0:.1f} s)", progress)
     return out
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units, as disks are sold and ``df -H`` prints: 64559075328 -> '64.6 GB'."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def index_bytes(kind: str, n: int, dim: int) -> int:
+    """Disk size of a finished dense index of ``n`` vectors: float32 vectors for flat and torch
+    (n x dim x 4: wiki-18 with E5 is 21,015,324 x 768 x 4 = 64.6 GB), one byte per dimension plus an
+    int64 id for IVF-SQ8, the vectors plus the base layer's 2 x M int32 links for HNSW."""
+    from mopd.retriever.index_faiss import HNSW_M
+
+    if kind in ("flat", "torch"):
+        return n * dim * 4
+    if kind == "ivf":
+        return n * (dim + 8)
+    if kind == "hnsw":
+        return n * (dim * 4 + 2 * HNSW_M * 4)
+    raise ValueError(f"no size estimate for index kind {kind!r}")
+
+
+def _check_disk(out: Path, build: Path, kind: str, n: int, spec: IndexSpec, progress: bool) -> None:
+    """Say what the build will write, and refuse before encoding when the disk cannot hold it.
+
+    Encoded chunks (float32, n x dim x 4 bytes in all) stay in ``build/`` until the index is
+    assembled from them, so the peak is the chunks still to encode plus the finished index."""
+    from mopd.retriever.encoders import ENCODERS
+
+    dim = ENCODERS[spec.encoder].dim
+    total = _n_chunks(n, spec.chunk_size)
+    todo = [i for i in range(total) if not _chunk_path(build, i).is_file()]
+    chunk_rows = sum(min(spec.chunk_size, n - i * spec.chunk_size) for i in todo)
+    chunks, final = chunk_rows * dim * 4, index_bytes(kind, n, dim)
+    need = chunks + final
+    free = shutil.disk_usage(out).free
+    _say(f"build-index: {n:,} passages x {dim} dims x 4 B = {human_bytes(n * dim * 4)} of vectors; the {kind} index "
+         f"takes {human_bytes(final)}, and while encoding {human_bytes(chunks)} of chunks wait in {build} (removed "
+         f"at the end): {human_bytes(need)} needed, {human_bytes(free)} free", progress)
+    if need > free:
+        raise IndexDirError(f"build-index needs about {human_bytes(need)} free in {out} ({human_bytes(chunks)} of "
+                            f"encoded chunks + the {human_bytes(final)} {kind} index) and it has {human_bytes(free)}; "
+                            "free space or build on another disk")
 
 
 def _clear(out: Path) -> None:
@@ -174,17 +227,30 @@ def _encode_chunks(corpus: Corpus, n: int, build: Path, spec: IndexSpec, enc_pat
     if not todo:
         return ENCODERS[enc_name].dim
     encoder = load_encoder(enc_name, enc_path, spec.device, spec.batch_size)
+    if spec.devices:
+        from mopd.retriever.encoders import replicate
+
+        encoder = replicate(encoder, spec.devices)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, initial=done_rows, unit="passage", desc=f"encode {enc_name}", dynamic_ncols=True,
                    smoothing=0.05)
+    first = _FirstBatch(n - done_rows, encoder.device, progress)
+    lock = threading.Lock()          # replicas on several devices report from their threads
+
+    def on_batch(k: int) -> None:
+        with lock:
+            first(k)
+            if bar is not None:
+                bar.update(k)
+
     try:
+        first.start()
         for i in todo:
             lo, hi = i * chunk_size, min(n, (i + 1) * chunk_size)
-            vecs = encoder.encode_passages(corpus.contents(range(lo, hi)),
-                                           on_batch=bar.update if bar is not None else None)
+            vecs = encoder.encode_passages(corpus.contents(range(lo, hi)), on_batch=on_batch)
             dst = _chunk_path(build, i)
             tmp = dst.with_name(dst.stem + ".tmp.npy")
             np.save(tmp, vecs.astype(np.float32))
@@ -193,6 +259,43 @@ def _encode_chunks(corpus: Corpus, n: int, build: Path, spec: IndexSpec, enc_pat
         if bar is not None:
             bar.close()
     return encoder.dim
+
+
+class _FirstBatch:
+    """After the first encoded batch, one line: its rate and the time the rest will take at it.
+
+    A chunk's texts are encoded longest first, so the first batch is among the slowest (and it
+    pays CUDA's start-up): the estimate errs long; the progress bar's own estimate follows."""
+
+    def __init__(self, remaining: int, device: str, progress: bool):
+        self.remaining, self.device, self.progress = remaining, device, progress
+        self.t0: float | None = None
+        self.done = False
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self, k: int) -> None:
+        if self.done or self.t0 is None:
+            return
+        self.done = True
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        rest = (self.remaining - k) * dt / k
+        msg = (f"first batch: {k} passages in {dt:.2f} s on {self.device} ({k / dt:,.0f} passages/s): about "
+               f"{_duration(rest)} for the other {self.remaining - k:,} (longest texts first, so likely less)")
+        log.info(msg)
+        if self.progress:
+            from tqdm import tqdm
+
+            tqdm.write(msg, file=sys.stderr)      # above the progress bar, not into its line
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _chunks(build: Path, n: int, chunk_size: int) -> Iterator[np.ndarray]:

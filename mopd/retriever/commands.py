@@ -22,6 +22,9 @@ def register(sub) -> None:
     b.add_argument("--chunk-size", type=int, default=8192, help="passages per on-disk chunk (resume granularity)")
     b.add_argument("--max-passages", type=int, default=None, help="index only the first N passages")
     b.add_argument("--overwrite", action="store_true", help="replace a different index or build in --out")
+    b.add_argument("--encoder-devices", default=None, metavar="DEVICES",
+                   help="encode on several devices at once, each chunk split over them: 'all' (every visible "
+                        "GPU) or cuda:0,cuda:1 / 0,1 (default: one encoder, on --device)")
     b.set_defaults(func=_build)
 
     im = rsub.add_parser("import-index", help="adopt an existing FlashRAG/Search-R1 FAISS index (e.g. wiki-18 "
@@ -142,9 +145,14 @@ def _build(args) -> int:
     from mopd.retriever import bundled_corpus_path
     from mopd.retriever.builder import IndexSpec, build_index
 
+    devices = ()
+    if args.encoder_devices:
+        from mopd.retriever.encoders import cuda_device_count, encoder_devices
+
+        devices = tuple(_run(lambda: encoder_devices(args.encoder_devices, cuda_device_count())))
     spec = IndexSpec(encoder=args.encoder, index_kind=args.index_kind, encoder_path=args.encoder_path,
                      device=args.device, chunk_size=args.chunk_size, batch_size=args.batch_size,
-                     max_passages=args.max_passages)
+                     max_passages=args.max_passages, devices=devices)
     out = Path(args.out)
     fresh = not out.exists()
     try:
