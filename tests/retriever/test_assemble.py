@@ -160,3 +160,16 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch
     rc, _, err = _run(capsys, tmp_path / "w")
     assert rc == 2 and "needs 0.0 GB free" in err and "has 0.0 GB" in err
     assert not (tmp_path / "w" / "e5_Flat.index").exists()
+
+
+def test_the_readme_gpu_steps_for_the_index_parse(tmp_path, capsys):
+    """The README's retriever steps name options these commands have (parsed, not run)."""
+    from mopd.cli import build_parser
+    from tests.helpers.readme import gpu_section_commands
+
+    steps = gpu_section_commands("retriever")
+    assert [s[1] for s in steps] == ["assemble", "import-index", "serve"]
+    parser = build_parser()
+    for argv in steps:
+        parser.parse_args(argv)                      # exits on an unknown option
+    assert "--encoder-devices" in steps[2] and steps[1][steps[1].index("--faiss-index") + 1].endswith("e5_Flat.index")
