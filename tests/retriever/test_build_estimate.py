@@ -24,16 +24,16 @@ def test_sizes():
 
 def test_the_estimate_comes_before_the_encoding_and_the_rate_after_the_first_batch(small_corpus, tmp_path, capsys):
     n, chunk = 37, 16
-    build_index(small_corpus, tmp_path / "i", IndexSpec(index_kind="flat", chunk_size=chunk, batch_size=8,
-                                                        max_passages=n), progress=True)
+    build_index(small_corpus, tmp_path / "i", IndexSpec(index_kind="flat", chunk_size=chunk, max_passages=n),
+                progress=True)
     err = capsys.readouterr().err
     vectors = n * 384 * 4
     line = next(x for x in err.splitlines() if x.startswith("build-index:"))
     assert f"{n:,} passages x 384 dims x 4 B = {human_bytes(vectors)} of vectors" in line
     assert f"{human_bytes(vectors)} of chunks" in line and f"{human_bytes(2 * vectors)} needed" in line
     firsts = [x for x in err.splitlines() if x.startswith("first batch:")]
-    assert len(firsts) == 1 and re.search(rf"first batch: 8 passages in [0-9.]+ s on cpu .* for the other {n - 8} ",
-                                          firsts[0])
+    assert len(firsts) == 1 and re.search(rf"first batch: {chunk} passages in [0-9.]+ s on cpu .* for the other "
+                                          rf"{n - chunk} ", firsts[0])
     assert err.index("build-index:") < err.index("first batch:") < err.index("assembling the flat index")
 
 

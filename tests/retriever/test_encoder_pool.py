@@ -92,8 +92,10 @@ def test_replicate_reuses_the_encoder_and_loads_the_others_from_its_weights():
 
 def test_real_encoders_split_give_the_vectors_of_one():
     """Two real MiniLM replicas (both on the CPU here) encode a split batch on two threads."""
-    one = load_encoder("minilm", device="cpu", batch_size=16)
-    two = load_encoder("minilm", device="cpu", batch_size=8)            # another instance (other cache key)
+    from mopd.retriever.encoders import Encoder
+
+    one = load_encoder("minilm", device="cpu")                          # the instance other tests share
+    two = Encoder("minilm", device="cpu", batch_size=8)                 # a second one, its own tokenizer
     pool = EncoderPool([one, two], min_slice=4)
     texts = [f"who founded the harbour town number {i}?" * (1 + i % 3) for i in range(37)]
     np.testing.assert_allclose(pool.encode_queries(texts), one.encode_queries(texts), atol=1e-5)
