@@ -15,6 +15,7 @@ from typing import List, Optional
 # Areas whose commands the CLI offers, in --help order.
 COMMAND_MODULES = [
     "mopd.commands",
+    "mopd.pipeline.commands",
     "mopd.data.commands",
     "mopd.train.commands",
     "mopd.eval.commands",

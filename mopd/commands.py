@@ -54,7 +54,8 @@ def _register_demo(sub) -> None:
                     "C-MAS base, C-MAS + RL, H-MAS base and both arms with the paper's protocol (4 attempts, "
                     "paired question bootstrap) and write a report with plots and the claims: OPD's own "
                     "contribution, MultiAgent-OPD against C-MAS + RL, and the trained-minus-base checks. "
-                    "Finished stages are reused, so a second run (or a resumed one) is quick.")
+                    "Finished stages are reused, so a second run (or a resumed one) is quick. It is the `demo` "
+                    "pipeline (`mopd pipeline demo --dry-run` lists its stages).")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed of the world, pi_0 and training (default 0)")
     p.add_argument("--with-ablations", action="store_true",
@@ -106,7 +107,7 @@ def _register_demo(sub) -> None:
 
 def _demo(args) -> int:
     from mopd.core.errors import UserError
-    from mopd.demo import DemoSettings, run_demo, run_seeds
+    from mopd.demo import DemoSettings, quick_settings, run_demo, run_seeds
 
     out = args.out
     if args.seeds is not None and out == "runs/demo":
@@ -123,11 +124,7 @@ def _demo(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.quick:
-        s.stage1_steps, s.stage2_steps = 2, 2
-        s.test_questions = args.test_questions or 4
-        s.attempts = min(args.attempts, 2)
-        s.bootstrap_draws = 200
-        s.pi0_check_attempts = min(s.pi0_check_attempts, 1)
+        quick_settings(s)
     from mopd.train.trainer import TrainingError
 
     try:

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from mopd.config import to_yaml
-from mopd.demo import ABLATION_ARMS, STAGE2_ARMS, DemoSettings, _arm_config
+from mopd.demo import ABLATION_ARMS, STAGE2_ARMS, DemoSettings, demo_config
+from mopd.pipeline.stages import TrainStage, plan
 
 
-class _World:
-    train, dev, index = Path("/w/train.jsonl"), Path("/w/dev.jsonl"), Path("/w/index")
+def _arm_configs(s: DemoSettings) -> dict:
+    """The resolved config of every Stage II arm of the demo with settings ``s``, by run directory."""
+    return {st.spec.dir: st.config for st in plan(demo_config(s)) if isinstance(st, TrainStage) and st.group == "stage2"}
 
 
 def _flat(cfg) -> dict:
@@ -35,22 +37,22 @@ def _flat(cfg) -> dict:
 
 def test_primary_arms_differ_only_in_the_searchers_loss(tmp_path):
     s = DemoSettings(out=str(tmp_path), seed=3, overrides=["trainer.lr=7e-4"])
-    opd, control = (_flat(_arm_config(a, s, _World, "/m/pi0", "/m/stage1", tmp_path)) for a in STAGE2_ARMS)
+    opd, control = (_flat(_arm_configs(s)[a.dir]) for a in STAGE2_ARMS)
     differ = sorted(k for k in opd.keys() | control.keys() if opd.get(k) != control.get(k))
     assert all(k in ("method", "description", "trainer.out_dir") or k.startswith("algo.roles.searcher.")
                for k in differ), differ
     assert opd["algo.roles.searcher.advantage"] == "opd" and control["algo.roles.searcher.pg_coef"] == 0.0
     for c in (opd, control):   # same start, teacher, KL reference, seed, lr override, steps
-        assert c["model.path"] == "/m/pi0" and c["teacher.path"] == "/m/stage1"
+        assert c["model.path"] == f"{tmp_path}/pi0" and c["teacher.path"] == str(tmp_path / "stage1" / "export")
         assert c["trainer.seed"] == 3 and c["rollout.seed"] == 3 and c["trainer.lr"] == 7e-4
         assert c["trainer.steps"] == s.stage2_steps and c["trainer.cpu_threads"] == 1
 
 
 def test_base_teacher_arm_distils_from_pi0_with_stage1_as_reference(tmp_path):
-    s = DemoSettings(out=str(tmp_path))
+    s = DemoSettings(out=str(tmp_path), with_ablations=True)
     arm = next(a for a in ABLATION_ARMS if a.preset == "tiny_base_teacher")
-    cfg = _arm_config(arm, s, _World, "/m/pi0", "/m/stage1", tmp_path)
-    assert cfg.teacher.path == "/m/pi0" and cfg.reference_path() == "/m/stage1"
+    cfg = _arm_configs(s)[arm.dir]
+    assert cfg.teacher.path == f"{tmp_path}/pi0" and cfg.reference_path() == str(tmp_path / "stage1" / "export")
 
 
 def test_settings_refuse_zero_workers_or_threads(tmp_path):
@@ -87,7 +89,10 @@ def test_arms_side_by_side_equal_arms_one_after_the_other(tmp_path):
 def test_an_evaluation_of_another_model_is_set_aside_not_reused(tmp_path):
     """A stage retrained (other steps) gives another export in the same directory: the demo's old
     evaluation of it is moved aside (kept), an evaluation with the same settings stays."""
-    from mopd.demo import _set_aside_if_stale
+    from mopd.pipeline.inprocess import set_aside_if_stale
+
+    def _set_aside_if_stale(out, settings):
+        set_aside_if_stale(out, settings, log=lambda line: None)
 
     out = tmp_path / "eval" / "multiagent_opd"
     out.mkdir(parents=True)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import mopd.data.tinyworld as tinyworld
-import mopd.demo as demo
+import mopd.pipeline.run as pipeline_run
 from mopd.demo import DemoSettings, run_demo
 from tests.helpers.stamps import stamps
 
@@ -33,7 +33,7 @@ sys.addaudithook(_hook)
 def phases(monkeypatch):
     """_LOG gets ('world-done',) after the world is built and ('eval',) when the final evaluation
     starts (before it reads its questions)."""
-    build, questions = tinyworld.build_world, demo._eval_questions
+    build, questions = tinyworld.build_world, pipeline_run.eval_questions
 
     def build_world(*a, **k):
         out = build(*a, **k)
@@ -45,7 +45,7 @@ def phases(monkeypatch):
         return questions(*a, **k)
 
     monkeypatch.setattr(tinyworld, "build_world", build_world)
-    monkeypatch.setattr(demo, "_eval_questions", _eval_questions)
+    monkeypatch.setattr(pipeline_run, "eval_questions", _eval_questions)
     _LOG.clear()
     _ACTIVE[0] = True
     yield _LOG

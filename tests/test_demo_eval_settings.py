@@ -2,7 +2,9 @@
 
 import pytest
 
-from mopd.demo import DemoSettings, _evaluate
+from mopd.demo import DemoSettings, demo_config
+from mopd.pipeline import inprocess
+from mopd.pipeline.stages import EvalStage, plan as stages_of
 
 
 @pytest.mark.parametrize("overrides, sees", [([], False), (["rollout.searcher_sees_question=true"], True)])
@@ -12,7 +14,8 @@ def test_the_searcher_template_of_training_is_the_one_evaluated(monkeypatch, tmp
     plans = []
     monkeypatch.setattr(runner, "evaluate", lambda model, tok, retriever, questions, plan, cfg, **kw: plans.append(plan))
     s = DemoSettings(out=str(tmp_path), overrides=overrides)
-    _evaluate("MultiAgent-OPD", "model", "hmas", [], None, s, tmp_path / "eval")
+    (stage,) = [e for e in stages_of(demo_config(s)) if isinstance(e, EvalStage) and e.system.name == "MultiAgent-OPD"]
+    inprocess.evaluate(stage, [], None, lockstep=True, log=lambda line: None)
     (plan,) = plans
     assert plan.settings.workflow == "hmas" and plan.settings.searcher_sees_question is sees
     assert plan.settings.max_searchers_per_wave == 0          # no wave cap, as in training

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from mopd.config import resolve
-from mopd.demo import _export_best
+from mopd.pipeline.inprocess import export_best
 from mopd.train.trainer import PolicyTrainer
 from tests.helpers.retrievers import FakeRetriever
 from tests.helpers.training import tiny_overrides
@@ -37,7 +37,7 @@ def test_the_exported_model_is_the_best_dev_step_not_the_last(tiny_model_dir, qa
     _fit(t, [0.9, 0.1, 0.5, 0.2])          # step 0 (the starting model) is not a candidate; step 2 is best
     try:
         t.export(tmp_path / "last")         # before: exporting "best" loads step 2's weights
-        _export_best("stage", t, tmp_path / "best")
+        export_best("stage", t, tmp_path / "best", log=print)
     finally:
         t.close()
     from mopd.train.checkpoint import export_checkpoint
@@ -53,7 +53,7 @@ def test_the_last_step_is_exported_when_it_is_the_best(tiny_model_dir, qa_file, 
     t = _trainer(tiny_model_dir, qa_file, tmp_path / "run")
     _fit(t, [0.0, 0.1, 0.2, 0.3])
     try:
-        _export_best("stage", t, tmp_path / "best")
+        export_best("stage", t, tmp_path / "best", log=print)
         t.export(tmp_path / "last")
         with pytest.raises(ValueError, match="choose last or best"):
             t.export(tmp_path / "x", which="latest")

@@ -118,7 +118,7 @@ def test_claims_are_paired_differences_of_avg(tmp_path):
 
 
 def test_timings_keep_the_building_runs_stage_times_and_a_total_that_covers_them(tmp_path):
-    from mopd.demo import _write_timings
+    from mopd.pipeline.run import write_timings as _write_timings
 
     path = tmp_path / "timings.json"
     # pi_0 was built by `mopd world pi0-check` (437.5 s in its pi0.json); this run reused it

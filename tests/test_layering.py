@@ -22,8 +22,10 @@ ALLOWED = {
     "eval": {"config", "core", "retriever", "rollout", "algo"},
     "data": {"config", "core", "retriever", "rollout", "algo", "eval"},
     "train": {"config", "core", "kernels", "retriever", "rollout", "algo", "eval", "data"},
+    "demo_report": {"config", "core", "eval"},
+    "pipeline": {"config", "core", "kernels", "retriever", "rollout", "algo", "eval", "data", "train", "demo_report"},
 }
-TOP = {"cli", "commands", "demo", "demo_report", "demo_tables", "__main__", "__init__"}
+TOP = {"cli", "commands", "demo", "demo_tables", "__main__", "__init__"}
 
 
 def _package_of(path: Path, root: Path) -> str:

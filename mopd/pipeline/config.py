@@ -1,0 +1,301 @@
+"""What one pipeline run is: nested dataclasses, a docstring under every field, checks in
+``__post_init__`` (as :mod:`mopd.config`).
+
+A pipeline trains Stage I and the Stage II arms, exports each, evaluates the systems and writes the
+report, all under one ``root``. Paths may name the root as ``${root}`` (an OmegaConf interpolation:
+``model: ${root}/pi0``), so ``root=...`` on the command line moves a whole preset. Named presets
+are functions in :mod:`mopd.pipeline.presets`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from mopd.config import ConfigError, PRESETS, RetrieverConfig
+from mopd.core.workflows import workflow_names
+
+CHECKPOINTS = ("best", "last")
+"""Which checkpoint a training stage exports: the best dev validation (the paper's model
+selection; the last weights when no validation ran) or the last step."""
+LAUNCHERS = ("inprocess", "subprocess")
+REPORTS = ("eval", "claims")
+SPLITS = ("test", "dev")
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    if value is None or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: choose one of {list(choices)}")
+
+
+def _overrides(name: str, items: List[str]) -> None:
+    for it in items:
+        if "=" not in str(it):
+            raise ConfigError(f"{name}: {it!r} is not a config override KEY=VALUE")
+
+
+@dataclass
+class DataPaths:
+    train: str = ""
+    """Training questions of every training stage (FlashRAG jsonl or Search-R1 parquet)."""
+    dev: str = ""
+    """Validation questions of every training stage (the checkpoint selection of ``export: best``,
+    and the dev evaluation of ``eval.split: dev``); empty: no validation."""
+    test: str = ""
+    """Test questions: read once, by the evaluation, after every model is final."""
+
+
+@dataclass
+class TrainStageConfig:
+    name: str = ""
+    """The system this stage trains, as the report names it (``C-MAS + RL``, ``MultiAgent-OPD``)."""
+    preset: str = ""
+    """Its method preset (`mopd config list`): cmas_rl (or tiny_cmas_rl) for Stage I, mopd and its
+    ablations for Stage II."""
+    dir: str = ""
+    """Its run directory under the pipeline's root; the export is DIR/export."""
+    steps: Optional[int] = None
+    """Training steps (None: the preset's ``trainer.steps``)."""
+    overrides: List[str] = field(default_factory=list)
+    """Config overrides of this stage, after the pipeline's paths and before its ``overrides``."""
+    export: str = "best"
+    """The checkpoint that becomes the stage's model: best (best dev validation, the paper's model
+    selection; the last when no validation ran) or last (the paper's Table 3 reads ablations there)."""
+    label: str = ""
+    """Its validation curve's label in the report (empty: ``name``)."""
+
+    def check(self, where: str) -> None:
+        if not self.name:
+            raise ConfigError(f"{where}.name is empty: name the system this stage trains")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"{where}.preset={self.preset!r} is not a method preset (`mopd config list`)")
+        if not self.dir or self.dir.startswith("/") or ".." in self.dir.split("/"):
+            raise ConfigError(f"{where}.dir={self.dir!r} must be a relative directory under the pipeline's root")
+        if self.steps is not None:
+            _positive(f"{where}.steps", self.steps)
+        _choice(f"{where}.export", self.export, CHECKPOINTS)
+        _overrides(f"{where}.overrides", self.overrides)
+
+
+@dataclass
+class SystemConfig:
+    name: str = ""
+    """The system's name in the evaluation records and the report."""
+    model: str = "base"
+    """Its model: base (the pipeline's ``model``), stage1, or the key of a Stage II arm (that
+    stage's export)."""
+    workflow: str = "cmas"
+    """The workflow it is evaluated in: cmas (Searcher -> Answerer) or hmas (Leader -> Searchers -> Answerer)."""
+
+
+@dataclass
+class WorldConfig:
+    build: bool = False
+    """Build the built-in tiny world (its corpus, questions and index under ROOT/world) and warm-start
+    pi_0 on it (ROOT/pi0) before the training stages, as `mopd demo` does; each reuses what is built."""
+    settings: List[str] = field(default_factory=list)
+    """World settings as KEY=VALUE (:class:`mopd.data.tinyworld.WorldSettings`, e.g. test_per_dataset=100)."""
+    index_kind: str = "flat"
+    """The world's retrieval index: flat (MiniLM embeddings, FAISS) or bm25."""
+    quick: bool = False
+    """The quick (smaller) world of smoke runs."""
+    pi0: List[str] = field(default_factory=list)
+    """Warm-start settings as KEY=VALUE (:class:`mopd.data.warmstart.WarmStartSettings`, but seed)."""
+    pi0_threads: int = 2
+    """Torch threads of the warm start (results depend on it in the last bits)."""
+    check_attempts: int = 4
+    """Workflows per dev question of the pi_0 check (format validity and EM, both workflows); 0: no check."""
+    weak_em: float = 0.15
+    """pi_0 is flagged weak below this dev EM (mean of C-MAS and H-MAS)."""
+    weak_valid: float = 0.9
+    """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid."""
+
+    def __post_init__(self):
+        if not self.build:
+            return
+        from mopd.data.policy_check import WeakPi0
+        from mopd.data.tinyworld import parse_world_settings
+        from mopd.data.warmstart import parse_pi0_settings
+
+        try:   # a bad KEY=VALUE fails here, before anything is built
+            parse_world_settings(self.settings, index_kind=self.index_kind, quick=self.quick)
+            parse_pi0_settings(self.pi0)
+            WeakPi0(em=self.weak_em, valid=self.weak_valid)
+        except ValueError as e:
+            raise ConfigError(f"world: {e}") from None
+        _positive("world.pi0_threads", self.pi0_threads)
+        _positive("world.check_attempts", self.check_attempts, allow_zero=True)
+
+
+@dataclass
+class EvalSettings:
+    split: str = "test"
+    """The split the systems are evaluated on: test (the final numbers, looked at once) or dev (every
+    tuning choice)."""
+    attempts: int = 4
+    """Independent workflows per question (the paper: 4)."""
+    questions: Optional[int] = None
+    """Evaluate on the first N questions, taken round-robin over datasets (None: all)."""
+    overrides: List[str] = field(default_factory=list)
+    """Config overrides of every evaluation (after the evaluation presets cmas_base/hmas_base and the
+    workflow limits of the training stages), e.g. rollout.engine=vllm."""
+    dir: str = "eval"
+    """Evaluations go to ROOT/DIR/<system>."""
+
+    def __post_init__(self):
+        _choice("eval.split", self.split, SPLITS)
+        _positive("eval.attempts", self.attempts)
+        if self.questions is not None:
+            _positive("eval.questions", self.questions)
+        _overrides("eval.overrides", self.overrides)
+
+
+@dataclass
+class ReportSettings:
+    kind: str = "eval"
+    """eval (`mopd eval report`: metrics, paired intervals against ``reference``, costs, curves) or
+    claims (the demo's report: the same with the method's claims at its top and the pi_0 check)."""
+    dir: str = "report"
+    """The report goes to ROOT/DIR."""
+    reference: str = ""
+    """The system every other is compared with (empty: the first Stage II arm's system)."""
+    draws: int = 4000
+    """Question-bootstrap draws."""
+    title: str = "Evaluation report"
+    """The report's heading (kind eval)."""
+
+    def __post_init__(self):
+        _choice("report.kind", self.kind, REPORTS)
+        _positive("report.draws", self.draws)
+
+
+@dataclass
+class LauncherConfig:
+    kind: str = "inprocess"
+    """inprocess (every stage in this process and its spawned workers: CPU runs, the demo) or
+    subprocess (each stage is its `mopd ...` command, started with the prefixes below: GPU runs)."""
+    train: str = "mopd"
+    """How a training stage's ``mopd`` starts (subprocess), e.g. ``torchrun --nproc_per_node 8 -m mopd``."""
+    export: str = "mopd"
+    """How an export's ``mopd`` starts (subprocess): one process, on the CPU."""
+    eval: str = "mopd"
+    """How an evaluation's ``mopd`` starts (subprocess)."""
+    gpus: int = 1
+    """GPUs a training stage runs on (the memory plan's world size)."""
+    gpu_gib: float = 139.0
+    """Memory of one GPU in GiB, for the memory plan (an H200: 139, an H100: 80)."""
+    retriever_gib: float = 0.0
+    """GiB a retriever served on the same GPUs holds on each (`mopd retriever serve --faiss-gpu`)."""
+    arm_workers: int = 2
+    """inprocess: Stage II arms trained at once (processes of one thread each; weights as with 1)."""
+    eval_workers: int = 2
+    """inprocess: evaluations run at once (processes of one thread each; records as with 1)."""
+    lockstep: bool = True
+    """inprocess: roll out with the lock-step scheduler, whose engine batches are a function of the
+    runs' states (bit-reproducible), instead of the asynchronous one, whose batches depend on timing."""
+
+    def __post_init__(self):
+        _choice("launcher.kind", self.kind, LAUNCHERS)
+        for name in ("train", "export", "eval"):
+            words = shlex.split(getattr(self, name))
+            if not words or words[-1] != "mopd":
+                raise ConfigError(f"launcher.{name}={getattr(self, name)!r} must end with mopd "
+                                  "(e.g. 'torchrun --nproc_per_node 8 -m mopd')")
+        for name in ("gpus", "arm_workers", "eval_workers"):
+            _positive(f"launcher.{name}", getattr(self, name))
+        _positive("launcher.gpu_gib", self.gpu_gib)
+        _positive("launcher.retriever_gib", self.retriever_gib, allow_zero=True)
+        words = shlex.split(self.train)
+        for flag in ("--nproc_per_node", "--nproc-per-node"):
+            for i, w in enumerate(words):
+                n = w.split("=", 1)[1] if w.startswith(flag + "=") else (words[i + 1] if w == flag and i + 1 < len(words)
+                                                                          else None)
+                if n is not None and n.isdigit() and int(n) != self.gpus:
+                    raise ConfigError(f"launcher.train starts {n} processes per node but launcher.gpus={self.gpus}: "
+                                      "the memory plan needs the GPUs a stage runs on")
+
+
+@dataclass
+class PipelineConfig:
+    name: str = "custom"
+    """The preset this pipeline came from (informational; the log's prefix)."""
+    description: str = ""
+    """What the pipeline runs, in a sentence."""
+    root: str = "runs/pipeline"
+    """Run directory: every stage writes under it."""
+    model: str = ""
+    """The base model pi_0 (a Hugging Face directory or a hub id in the cache): every stage trains
+    from it, and the base systems are evaluated with it."""
+    seed: int = 0
+    """Seed of training and evaluation (``trainer.seed``, ``rollout.seed``) and of the tiny world."""
+    data: DataPaths = field(default_factory=DataPaths)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    """The retriever of every stage (its fields that differ from the defaults become overrides)."""
+    world: WorldConfig = field(default_factory=WorldConfig)
+    overrides: List[str] = field(default_factory=list)
+    """Config overrides of every training stage, applied last (e.g. trainer.lr=5e-4)."""
+    stage1: TrainStageConfig = field(default_factory=TrainStageConfig)
+    """Stage I (C-MAS, outcome RL) from ``model``; its export is the teacher of Stage II."""
+    stage2: Dict[str, Optional[TrainStageConfig]] = field(default_factory=dict)
+    """The Stage II arms, by key, in order: each from ``model`` with Stage I's export as teacher (a
+    preset whose KL reference is not its teacher, base_teacher, distils from ``model`` and keeps
+    Stage I as the reference). A key set to null drops a preset's arm (``stage2.prompted_critic=null``)."""
+    systems: List[SystemConfig] = field(default_factory=list)
+    """The systems evaluated, in the report's order."""
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def __post_init__(self):
+        if not self.root:
+            raise ConfigError("root is empty: set root=DIR")
+        _overrides("overrides", self.overrides)
+        self.stage2 = {k: v for k, v in self.stage2.items() if v is not None}
+        self.stage1.check("stage1")
+        dirs = {self.stage1.dir: "stage1"}
+        for key, arm in self.stage2.items():
+            arm.check(f"stage2.{key}")
+            if key == "stage1" or key == "base":
+                raise ConfigError(f"stage2.{key}: 'base' and 'stage1' name other models; choose another key")
+            if arm.dir in dirs:
+                raise ConfigError(f"stage2.{key}.dir={arm.dir!r} is also {dirs[arm.dir]}'s run directory")
+            dirs[arm.dir] = f"stage2.{key}"
+        if not self.systems:
+            raise ConfigError("systems is empty: name at least one system to evaluate")
+        names = set()
+        for i, s in enumerate(self.systems):
+            if not s.name or s.name in names:
+                raise ConfigError(f"systems[{i}].name={s.name!r} must be set and unique")
+            names.add(s.name)
+            _choice(f"systems[{i}].workflow", s.workflow, workflow_names())
+            _choice(f"systems[{i}].model", s.model, ["base", "stage1", *self.stage2])
+        if self.report.reference and self.report.reference not in names:
+            raise ConfigError(f"report.reference={self.report.reference!r} is not one of the systems {sorted(names)}")
+        if self.world.build and self.launcher.kind != "inprocess":
+            raise ConfigError("world.build=true builds the tiny world in this process: it needs launcher.kind=inprocess")
+
+    def model_of(self, system: SystemConfig) -> str:
+        """The model directory ``system`` is evaluated with (a stage's export, or the base model)."""
+        if system.model == "base":
+            return self.model
+        stage = self.stage1 if system.model == "stage1" else self.stage2[system.model]
+        return f"{self.root}/{stage.dir}/export"
+
+    def reference_system(self) -> str:
+        """The system the report compares every other with: ``report.reference``, else the system
+        of the first Stage II arm, else the last system."""
+        if self.report.reference:
+            return self.report.reference
+        first = next(iter(self.stage2), None)
+        return next((s.name for s in self.systems if s.model == first), self.systems[-1].name)
+
+
+def train_stages(cfg: PipelineConfig) -> Dict[str, TrainStageConfig]:
+    """Every training stage by key: stage1, then the Stage II arms in order."""
+    return {"stage1": cfg.stage1, **cfg.stage2}

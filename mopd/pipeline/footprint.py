@@ -1,0 +1,122 @@
+"""What each stage needs before it runs: memory per GPU (the training stages' plan from
+:mod:`mopd.train.memory_plan`, as `mopd plan` prints it) and disk. Nothing is loaded: a model's
+size comes from its config.json (a local directory, a bundled config, or the Hugging Face cache).
+
+Disk: a checkpoint holds 12 bytes a parameter (fp32 master weights and AdamW's two moments); a
+run keeps ``trainer.keep_checkpoints`` of them plus the best-validation one. An export holds the
+weights once: fp32 when `mopd export` writes it (it loads the checkpoint's fp32 master weights),
+else in the training dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from mopd.pipeline.config import PipelineConfig
+from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage
+
+GB = 1e9
+GIB = 2 ** 30
+CHECKPOINT_BYTES_PER_PARAM = 12
+"""fp32 master weights (4) and AdamW's two fp32 moments (8)."""
+
+
+@dataclass
+class Footprint:
+    memory: str
+    """Memory per GPU, in words."""
+    disk_bytes: Optional[float]
+    """Disk the stage writes (None: unknown)."""
+    disk: str
+    """How the disk figure is made up (or what the stage writes, when it is small)."""
+    small: bool = False
+    """The stage writes little (records, a report): not counted."""
+
+
+def parameters(model: str) -> tuple[Optional[int], str]:
+    """The parameter count of ``model`` from its config.json, or None and the reason."""
+    from mopd.train.memory_plan import ModelShape, PlanError, load_model_config
+
+    try:
+        return ModelShape.from_config(load_model_config(model)).params, ""
+    except (PlanError, OSError, ValueError) as e:
+        text = str(e)
+        return None, text.split(":")[0] if text.startswith("no config.json") else text
+
+
+def _frozen_configs(run_cfg) -> list:
+    """config.json of each frozen model the run loads; None (the policy's shape) for one not built
+    yet (a Stage-I export, when Stage II is planned before Stage I ran)."""
+    from mopd.train.memory_plan import PlanError, _frozen_models, load_model_config
+
+    out = []
+    for p in _frozen_models(run_cfg):
+        try:
+            out.append(load_model_config(p) if p != run_cfg.model.path else None)
+        except PlanError:
+            out.append(None)
+    return out
+
+
+def _train_memory(stage: TrainStage, cfg: PipelineConfig) -> str:
+    if cfg.launcher.kind == "inprocess":
+        return "CPU, in this process (no GPU plan)"
+    from mopd.train.memory_plan import plan_memory
+
+    L = cfg.launcher
+    try:
+        p = plan_memory(stage.config, gpu_gib=L.gpu_gib, world=L.gpus, frozen_configs=_frozen_configs(stage.config),
+                        retriever_gib=L.retriever_gib)
+    except Exception as e:   # a shape the planner cannot read, a value it refuses
+        return f"unknown ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    verdict = "fits" if p.fits else "DOES NOT FIT: " + "; ".join(p.problems)
+    return (f"training {p.training_gib:.1f} GiB, rollout {p.rollout_gib:.1f} GiB of {L.gpu_gib:.0f} on each of "
+            f"{L.gpus} GPU(s), teacher {p.teacher_placement}: {verdict}")
+
+
+def footprint(stage: Stage, cfg: PipelineConfig) -> Footprint:
+    """Memory per GPU and disk of one stage."""
+    if isinstance(stage, TrainStage):
+        n, why = parameters(stage.config.model.path)
+        keep = stage.config.trainer.keep_checkpoints + 1
+        if n is None:
+            return Footprint(_train_memory(stage, cfg), None, f"unknown ({why}); {keep} checkpoints x 12 B a parameter")
+        return Footprint(_train_memory(stage, cfg), keep * CHECKPOINT_BYTES_PER_PARAM * n,
+                         f"{keep} checkpoints ({stage.config.trainer.keep_checkpoints} kept + the best) x 12 B x "
+                         f"{n / 1e9:.2f}B parameters")
+    if isinstance(stage, ExportStage):
+        n, why = parameters(stage.train.config.model.path)
+        width = 2 if cfg.launcher.kind == "inprocess" and stage.train.config.model.dtype == "bfloat16" else 4
+        dtype = "bf16" if width == 2 else "fp32"
+        memory = ("host RAM: the fp32 model" + (f", {4 * n / GIB:.1f} GiB" if n else "") if cfg.launcher.kind ==
+                  "subprocess" else "none beyond its training stage's (the same trainer)")
+        if n is None:
+            return Footprint(memory, None, f"unknown ({why}); {dtype} weights")
+        return Footprint(memory, width * n, f"{dtype} weights, {width} B x {n / 1e9:.2f}B parameters")
+    if isinstance(stage, EvalStage):
+        return Footprint(_eval_memory(stage, cfg), None, "records", small=True)
+    if isinstance(stage, ReportStage):
+        return Footprint("none (CPU)", None, "report, metrics and plots", small=True)
+    return Footprint("CPU, in this process", None, "the tiny world's files", small=True)
+
+
+def _eval_memory(stage: EvalStage, cfg: PipelineConfig) -> str:
+    if cfg.launcher.kind == "inprocess":
+        return "CPU, in this process"
+    r = stage.config.rollout
+    if r.engine == "vllm":
+        share = getattr(r, "vllm_memory_share", None)
+        util = share() if share else (r.gpu_memory_utilization or 0.85)
+        return (f"vLLM's share: gpu_memory_utilization {util} x {cfg.launcher.gpu_gib:.0f} GiB = "
+                f"{util * cfg.launcher.gpu_gib:.0f} GiB (weights + KV cache) on its GPU")
+    n, _ = parameters(stage.model_dir if Path(stage.model_dir).is_dir() else cfg.model)
+    weights = f"{2 * n / GIB:.1f} GiB of 16-bit weights" if n else "the 16-bit weights"
+    return f"{weights} + the KV cache of its batch (HF engine, one GPU)"
+
+
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n / GB:.1f} GB" if n >= 0.1 * GB else f"{n / 1e6:.1f} MB"

@@ -1,0 +1,165 @@
+"""Named pipelines (functions returning a :class:`PipelineConfig`, registered as
+:data:`mopd.config.PRESETS` are) and their resolution: a preset, then a YAML file, then dotted
+overrides (``stage1.steps=300``, ``launcher.gpus=16``), as :func:`mopd.config.resolve` resolves a
+run's config. A YAML file is one layer on top of the preset: no inheritance between files.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Union
+
+from mopd.config import ConfigError, RetrieverConfig, normalize_overrides
+from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
+                                  SystemConfig, TrainStageConfig)
+
+PIPELINES: Dict[str, Callable[[], PipelineConfig]] = {}
+
+
+def pipeline_preset(fn: Callable[[], PipelineConfig]) -> Callable[[], PipelineConfig]:
+    """Register a function returning a PipelineConfig under its own name."""
+    PIPELINES[fn.__name__] = fn
+    return fn
+
+
+PAPER_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
+
+
+@pipeline_preset
+def paper() -> PipelineConfig:
+    """The paper's run on 8 GPUs: Stage I, its export, MultiAgent-OPD and the Prompted Critic baseline,
+    their exports, the five systems evaluated with the paper's protocol, and the report."""
+    gpu = ["rollout.engine=vllm"]
+    return PipelineConfig(
+        name="paper",
+        description="The paper's run (8 GPUs): Stage I (cmas_rl), Stage II (mopd) and the Prompted Critic "
+                    "baseline from the same base model, the five systems evaluated (4 attempts) and reported.",
+        root="runs/paper", model=PAPER_MODEL,
+        data=DataPaths(train="splits/train.jsonl", dev="splits/dev.jsonl", test="splits/test.jsonl"),
+        retriever=RetrieverConfig(kind="http", url="http://127.0.0.1:8000"),
+        stage1=TrainStageConfig(name="C-MAS + RL", preset="cmas_rl", dir="stage1", overrides=list(gpu),
+                                label="Stage I (C-MAS + RL)"),
+        stage2={"mopd": TrainStageConfig(name="MultiAgent-OPD", preset="mopd", dir="stage2", overrides=list(gpu),
+                                         label="Stage II (MultiAgent-OPD)"),
+                "prompted_critic": TrainStageConfig(name="Prompted Critic", preset="prompted_critic",
+                                                    dir="stage2_prompted_critic", overrides=list(gpu),
+                                                    label="Stage II (Prompted Critic)")},
+        systems=[SystemConfig("C-MAS base", "base", "cmas"), SystemConfig("C-MAS + RL", "stage1", "cmas"),
+                 SystemConfig("H-MAS base", "base", "hmas"), SystemConfig("Prompted Critic", "prompted_critic", "hmas"),
+                 SystemConfig("MultiAgent-OPD", "mopd", "hmas")],
+        eval=EvalSettings(attempts=4, overrides=list(gpu)),
+        report=ReportSettings(kind="eval", reference="MultiAgent-OPD", title="MultiAgent-OPD: the paper's run"),
+        launcher=LauncherConfig(kind="subprocess", train="torchrun --nproc_per_node 8 -m mopd", gpus=8,
+                                gpu_gib=80.0, retriever_gib=6.0),
+    )
+
+
+def _demo(**settings) -> PipelineConfig:
+    from mopd.pipeline.tiny_world import DemoSettings, demo_pipeline, quick_settings
+
+    s = DemoSettings(**{k: v for k, v in settings.items() if k != "quick"})
+    return demo_pipeline(quick_settings(s) if settings.get("quick") else s)
+
+
+@pipeline_preset
+def demo() -> PipelineConfig:
+    """`mopd demo` at its defaults: the built-in tiny world on a CPU, in this process (~25 minutes)."""
+    return _demo()
+
+
+@pipeline_preset
+def demo_quick() -> PipelineConfig:
+    """`mopd demo --quick`: the tiny pipeline shortened (quick world, 2 steps per stage, 4 test
+    questions): checks that every stage works, says nothing about the method (a few minutes)."""
+    cfg = _demo(quick=True, out="runs/demo_quick")
+    cfg.name = "demo_quick"
+    return cfg
+
+
+def resolve_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[List[str]] = None,
+                     yaml_file: Optional[str] = None) -> PipelineConfig:
+    """A pipeline: ``preset`` (a name in :data:`PIPELINES`, or a config), then ``yaml_file``, then
+    dotted ``overrides``; ``${root}`` interpolations resolved, every check run."""
+    return _checked(_merged(preset, overrides, yaml_file))
+
+
+def show_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[List[str]] = None,
+                  yaml_file: Optional[str] = None) -> str:
+    """The pipeline as YAML with its ``${root}`` interpolations kept (what ``--file`` reads back:
+    ``root=...`` still moves every path), once every check passed."""
+    from omegaconf import OmegaConf
+
+    merged = _merged(preset, overrides, yaml_file)
+    _checked(merged)
+    return OmegaConf.to_yaml(merged)
+
+
+def _merged(preset, overrides, yaml_file):
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mopd.config import _check_yaml_shape, _empty_string, _valid_keys
+
+    if isinstance(preset, PipelineConfig):
+        base = preset
+    elif preset is None:
+        base = PipelineConfig
+    elif preset in PIPELINES:
+        base = PIPELINES[preset]()
+    else:
+        close = difflib.get_close_matches(str(preset), PIPELINES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown pipeline {preset!r}{hint}; pipelines: {sorted(PIPELINES)}")
+    schema = OmegaConf.structured(base)
+    layers = []
+    if yaml_file:
+        p = Path(yaml_file)
+        if not p.is_file():
+            raise ConfigError(f"pipeline file {yaml_file} " + ("is a directory" if p.is_dir() else "does not exist"))
+        try:
+            layer = OmegaConf.load(p)
+        except Exception as e:   # yaml syntax, a scalar document
+            raise ConfigError(f"pipeline file {yaml_file} is not a YAML mapping: {str(e).splitlines()[0]}") from None
+        _check_yaml_shape(yaml_file, layer, schema)
+        layers.append(layer)
+    if overrides:
+        valid = _valid_keys(schema)
+        items = []
+        for it in normalize_overrides(list(overrides)):
+            key, value = it.split("=", 1)
+            if key not in valid and not any(v.startswith(key + ".") for v in valid):   # a field, or a whole entry
+                close = difflib.get_close_matches(key, valid, n=3)
+                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                raise ConfigError(f"unknown pipeline key {key!r}{hint} (training-stage settings go in "
+                                  "overrides=[KEY=VALUE,...] or stageN.overrides)")
+            items.append(f"{key}={_empty_string(schema, key, value)}")
+        layers.append(OmegaConf.from_dotlist(items))
+    try:
+        return OmegaConf.merge(schema, *layers)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad pipeline config: {str(e).splitlines()[0]}") from None
+
+
+def _checked(merged) -> PipelineConfig:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException, ValidationError
+
+    try:
+        return OmegaConf.to_object(merged)
+    except ValidationError as e:
+        msg = (e.msg or str(e) or type(e).__name__).splitlines()[0]
+        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {msg}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad pipeline config: {str(e).splitlines()[0]}") from None
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def pipeline_yaml(cfg: PipelineConfig) -> str:
+    """The resolved pipeline as YAML (what ``--file`` reads back)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

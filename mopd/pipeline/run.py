@@ -1,0 +1,327 @@
+"""Run a pipeline: every stage in order, a done one reused, a killed one resumed; or, with
+``--dry-run``, only say what would run, where, with what memory and disk.
+
+The in-process launcher runs the stages here (the Stage II arms and the evaluations in spawned
+workers); the subprocess launcher runs each stage's `mopd ...` command (training under its
+``launcher.train`` prefix, e.g. torchrun) and marks it done when the command succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from mopd.core.errors import UserError
+from mopd.pipeline.config import PipelineConfig
+from mopd.pipeline.log import logger
+from mopd.pipeline.stages import (EvalStage, ExportStage, Pi0CheckStage, Pi0Stage, ReportStage, Stage, TrainStage,
+                                  WorldStage, plan)
+
+
+class PipelineError(UserError):
+    """A stage's command failed (one line: the stage, its exit status and its command)."""
+
+
+def eval_questions(cfg: PipelineConfig):
+    """The questions of the evaluation: the only place the pipeline reads the evaluated split."""
+    from mopd.core.qa import load_questions
+
+    manifest = cfg.data.dev if cfg.eval.split == "dev" else cfg.data.test
+    questions, _ = load_questions(manifest)
+    if cfg.eval.questions is not None:
+        questions = spread_over_datasets(questions, cfg.eval.questions)
+    return questions
+
+
+def spread_over_datasets(questions, n: int):
+    """The first ``n`` questions taken round-robin over datasets (so a short run sees every dataset)."""
+    by: Dict[str, list] = {}
+    for q in questions:
+        by.setdefault(q.dataset, []).append(q)
+    out, i = [], 0
+    while len(out) < min(n, len(questions)):
+        for qs in by.values():
+            if i < len(qs) and len(out) < n:
+                out.append(qs[i])
+        i += 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# --dry-run
+# --------------------------------------------------------------------------------------------
+
+
+def describe(cfg: PipelineConfig, stages: Optional[List[Stage]] = None) -> str:
+    """Every stage with its status, command, memory per GPU and disk, and the disk in all;
+    nothing is loaded or run."""
+    from mopd.pipeline.footprint import footprint, human_bytes
+
+    stages = stages if stages is not None else plan(cfg)
+    L = cfg.launcher
+    where = (f"subprocess launcher; training on {L.gpus} GPU(s) of {L.gpu_gib:.0f} GiB"
+             + (f", {L.retriever_gib:g} GiB each held by the retriever" if L.retriever_gib else "")
+             if L.kind == "subprocess" else "in-process launcher (CPU)")
+    lines = [f"pipeline {cfg.name}: {len(stages)} stages under {cfg.root} ({where})"]
+    total, unknown = 0.0, []
+    for i, s in enumerate(stages, 1):
+        f = footprint(s, cfg)
+        lines.append(f"[{i}/{len(stages)}] {s.key}: {s.title} ({'done: reused' if s.done() else 'to run'})")
+        lines.append(f"    command: {command_text(s.command(cfg))}")
+        lines.append(f"    memory per GPU: {f.memory}")
+        lines.append(f"    disk: small ({f.disk})" if f.small else f"    disk: {human_bytes(f.disk_bytes)} ({f.disk})")
+        if f.disk_bytes is not None:
+            total += f.disk_bytes
+        elif isinstance(s, (TrainStage, ExportStage)):
+            unknown.append(s.key)
+    lines.append(f"disk in all: {human_bytes(total)} under {cfg.root}"
+                 + (f", plus {', '.join(unknown)} (model size unknown)" if unknown else ""))
+    return "\n".join(lines)
+
+
+def command_text(words: List[str]) -> str:
+    """A stage's command as a shell line (an in-process step: the function it calls)."""
+    if words and words[0] == "(in-process)":
+        return f"in-process: {words[1]}(" + ", ".join(words[2:]) + ")"
+    return shlex.join(words)
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def run_pipeline(cfg: PipelineConfig) -> Path:
+    """Run every stage of ``cfg`` (reusing done ones, resuming a killed one); returns the report's path."""
+    from mopd.pipeline.presets import pipeline_yaml
+
+    stages = plan(cfg)
+    root = Path(cfg.root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pipeline.yaml").write_text(pipeline_yaml(cfg))
+    if cfg.launcher.kind == "inprocess":
+        return _InProcess(cfg, stages).run()
+    return _Subprocess(cfg, stages).run()
+
+
+def _by_type(stages: List[Stage], kind) -> List:
+    return [s for s in stages if isinstance(s, kind)]
+
+
+def _jobs(stages: List[Stage], group: str) -> List[tuple]:
+    """(train stage, its export) of a group, in order."""
+    exports = {s.train.key: s for s in stages if isinstance(s, ExportStage)}
+    return [(s, exports.get(s.key)) for s in stages if isinstance(s, TrainStage) and s.group == group]
+
+
+class _Timed:
+    """Stage-group times, written to ROOT/timings.json at the end (see :func:`write_timings`)."""
+
+    def __init__(self, cfg: PipelineConfig, stages: List[Stage]):
+        self.cfg, self.stages, self.root = cfg, stages, Path(cfg.root)
+        self.log = logger(cfg.name)
+        self.times: Dict[str, float] = {}
+        self.t_start, self.started = time.perf_counter(), time.time()
+
+    def timed(self, group: str, fn, *args):
+        t = time.perf_counter()
+        out = fn(*args)
+        self.times[group] = time.perf_counter() - t
+        return out
+
+    def finish(self, report: Path) -> Path:
+        self.times["total"] = time.perf_counter() - self.t_start
+        rebuilt = {}
+        for s in _by_type(self.stages, TrainStage):
+            rebuilt[s.group] = rebuilt.get(s.group, False) or _written_since(s.run_dir / "DONE", self.started)
+        built = {}
+        pi0 = _by_type(self.stages, Pi0Stage)
+        if pi0:
+            from mopd.data.warmstart import read_pi0
+
+            built["pi0"] = (read_pi0(pi0[0].outputs[0]) or {}).get("seconds", {}).get("total", 0.0)
+        write_timings(self.root / "timings.json", self.times, built=built, rebuilt=rebuilt)
+        self.log(f"finished in {self.times['total'] / 60:.1f} min; report: {report}")
+        return report
+
+
+class _InProcess(_Timed):
+    """Every stage in this process (and its spawned workers)."""
+
+    def run(self) -> Path:
+        from mopd.core.reproducible import deterministic_torch, environment_record
+
+        cfg, root = self.cfg, self.root
+        deterministic_torch(1)
+        (root / "environment.json").write_text(json.dumps(environment_record(), indent=2))
+        self.retriever = None
+        check = None
+        if cfg.world.build:
+            self.timed("world", self.world)
+            self.timed("pi0", self.pi0)
+            if _by_type(self.stages, Pi0CheckStage):
+                check = self.timed("pi0_check", self.pi0_check)
+        if self.retriever is None:
+            self.retriever = self._open_retriever()
+        L = cfg.launcher
+        from mopd.pipeline import inprocess
+
+        self.timed("stage1", lambda: [inprocess.train(t, e, self.retriever, L.lockstep, self.log)
+                                      for t, e in _jobs(self.stages, "stage1")])
+        arms = _jobs(self.stages, "stage2")
+        if arms:
+            self.timed("stage2", inprocess.train_side_by_side, arms, L.arm_workers, self.retriever, cfg.retriever,
+                       L.lockstep, self.log, cfg.name)
+        evals = _by_type(self.stages, EvalStage)
+
+        def evaluate():
+            # The evaluated split is read here, after every model is final.
+            import mopd.pipeline.run as this
+
+            questions = this.eval_questions(cfg)
+            inprocess.evaluate_all(evals, questions, L.eval_workers, self.retriever, cfg.retriever, L.lockstep,
+                                   self.log, cfg.name)
+
+        self.timed("eval", evaluate)
+        report = _render_report(_by_type(self.stages, ReportStage)[0], check, self.log)
+        return self.finish(report)
+
+    def _open_retriever(self):
+        from mopd.pipeline.inprocess import open_retriever
+
+        return open_retriever(self.cfg.retriever)
+
+    def world(self):
+        from mopd.data.tinyworld import build_world, parse_world_settings
+
+        w = self.cfg.world
+        self.log(f"world + {w.index_kind} index -> {self.root / 'world'}")
+        build_world(self.root / "world", settings=parse_world_settings(w.settings, seed=self.cfg.seed,
+                                                                       index_kind=w.index_kind, quick=w.quick))
+        self.retriever = self._open_retriever()
+
+    def pi0(self):
+        from mopd.core.reproducible import deterministic_torch
+        from mopd.data.warmstart import build_pi0, parse_pi0_settings
+
+        stage = _by_type(self.stages, Pi0Stage)[0]
+        self.log(f"pi_0 warm start (SFT on scripted demonstrations) -> {stage.outputs[0]}")
+        kw = parse_pi0_settings(self.cfg.world.pi0)
+        kw["threads"] = self.cfg.world.pi0_threads
+        deterministic_torch(1)
+        build_pi0(Path(stage.inputs[0]), Path(stage.outputs[0]), seed=self.cfg.seed, **kw)
+
+    def pi0_check(self) -> dict:
+        from mopd.data.policy_check import WeakPi0, check_pi0_cached
+
+        stage, w = _by_type(self.stages, Pi0CheckStage)[0], self.cfg.world
+        return check_pi0_cached(stage.inputs[0], self.root / "world", Path(stage.outputs[0]), attempts=w.check_attempts,
+                                seed=self.cfg.seed, weak=WeakPi0(em=w.weak_em, valid=w.weak_valid), log=self.log)
+
+
+def _render_report(stage: ReportStage, check: Optional[dict], log) -> Path:
+    """The report of every evaluation (reused when its evaluations and settings are unchanged)."""
+    if stage.done():
+        log(f"report: reusing {stage.out}")
+        return stage.out / "report.md"
+    runs = [e.out for e in stage.evals]
+    if stage.kind == "claims":
+        from mopd.demo_report import ReportInputs, write_report
+
+        inputs = ReportInputs(logs=[Path(p) for p in stage.logs], labels=stage.labels, draws=stage.draws,
+                              dev=stage.dev, pi0_check=check)
+        path = write_report(runs, stage.names, stage.out, inputs)
+    else:
+        from mopd.eval.report import ReportOptions, report_runs
+
+        path = report_runs(runs, stage.out, ReportOptions(
+            names=stage.names, reference=stage.reference, draws=stage.draws, validation_logs=stage.logs,
+            validation_labels=stage.labels, title=stage.heading))
+    stage.mark_done()
+    return path
+
+
+class _Subprocess(_Timed):
+    """Each stage's command in its own process (training under ``launcher.train``)."""
+
+    def run(self) -> Path:
+        self.log(describe(self.cfg, self.stages).splitlines()[0])
+        evals = _by_type(self.stages, EvalStage)
+        for s in self.stages:
+            if isinstance(s, (WorldStage, Pi0Stage, Pi0CheckStage)):
+                raise PipelineError(f"stage {s.key} runs only in-process (launcher.kind=inprocess)")
+            if isinstance(s, ReportStage):
+                report = self.timed("report", _render_report if s.kind == "claims" else self._report, s, None, self.log)
+                continue
+            t = time.perf_counter()
+            if s.done():
+                self.log(f"{s.key}: done, reusing {s.outputs[0]}")
+            else:
+                if isinstance(s, EvalStage) and s.questions is not None and s is evals[0]:
+                    self._write_questions(s)
+                self._call(s)
+                s.mark_done()
+            self.times[s.group] = self.times.get(s.group, 0.0) + time.perf_counter() - t
+        return self.finish(report)
+
+    def _write_questions(self, stage: EvalStage) -> None:
+        """The evaluated questions (the first N round-robin over datasets) as the manifest every
+        evaluation reads."""
+        import mopd.pipeline.run as this
+        from mopd.core.qa import write_questions
+
+        write_questions(Path(stage.command(self.cfg)[stage.command(self.cfg).index("--manifest") + 1]),
+                        this.eval_questions(self.cfg))
+
+    def _report(self, stage: ReportStage, check, log) -> Path:
+        if stage.done():
+            log(f"report: reusing {stage.out}")
+        else:
+            self._call(stage)
+            stage.mark_done()
+        return stage.out / "report.md"
+
+    def _call(self, stage: Stage) -> None:
+        words = stage.command(self.cfg)
+        run = [sys.executable, "-m", "mopd", *words[1:]] if words[0] == "mopd" else words
+        self.log(f"{stage.key}: {stage.title}: {shlex.join(words)}")
+        rc = subprocess.call(run)
+        if rc != 0:
+            raise PipelineError(f"stage {stage.key} failed (exit {rc}): {shlex.join(words)}; "
+                                "run `mopd pipeline` again to resume it")
+
+
+# --------------------------------------------------------------------------------------------
+# timings.json
+# --------------------------------------------------------------------------------------------
+
+
+def _written_since(path: Path, t: float) -> bool:
+    """Whether ``path`` exists and was written at or after wall time ``t`` (a stage built by this run)."""
+    return path.is_file() and path.stat().st_mtime >= t - 1.0
+
+
+def write_timings(path: Path, times: Dict[str, float], built: Optional[Dict[str, float]] = None,
+                  rebuilt: Optional[Dict[str, bool]] = None) -> None:
+    """Stage seconds of the run that built each stage, and under ``last_run`` this run's own: a
+    re-run reuses finished stages in a moment, so where an earlier run of this directory took
+    longer for a stage, its time is kept at the top level (what the README's tables report),
+    unless ``rebuilt`` says this run built that stage again (other steps, say): then this run's
+    time replaces the old one. ``built``: stage seconds recorded where a stage was built outside a
+    pipeline run (pi_0 by `mopd world pi0-check`: its pi0.json). The top-level total is at least the
+    sum of the stages."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    built, rebuilt = built or {}, rebuilt or {}
+    merged = {k: round(v if rebuilt.get(k) else max(v, float(old.get(k, 0.0)), float(built.get(k, 0.0))), 1)
+              for k, v in times.items()}
+    if "total" in merged:
+        merged["total"] = round(max(merged["total"], sum(v for k, v in merged.items() if k != "total")), 1)
+        if any(rebuilt.values()):
+            merged["total"] = round(sum(v for k, v in merged.items() if k != "total"), 1)
+    merged["last_run"] = {k: round(v, 1) for k, v in times.items()}
+    path.write_text(json.dumps(merged, indent=2))

@@ -1,0 +1,374 @@
+"""The pipeline's stages: what each reads and writes, when it is done, and its `mopd ...` command.
+
+A stage is done when its marker holds its fingerprint (what it was built with); a second run
+skips every done stage, and a stage killed half-way is started again and resumes (training from
+its newest checkpoint, an evaluation from its records). :func:`plan` lists the stages of a
+pipeline in order; nothing here loads a model or reads a question.
+
+Markers: a training run's ``DONE`` holds ``"<steps> <config hash>"`` once trained and
+``"<steps> <config hash> <best|last>"`` once exported (the layout `mopd demo` has always written,
+so its finished runs are reused); an evaluation's and the report's ``.done`` hold theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from mopd.config import Config, RetrieverConfig, resolve
+from mopd.pipeline.config import PipelineConfig, SystemConfig, TrainStageConfig
+
+MARKER = "DONE"
+"""A training run's marker (in its run directory)."""
+DONE = ".done"
+"""An evaluation's and the report's marker (in their directories)."""
+LIMIT_KEYS = ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds", "max_searchers_per_wave",
+              "searcher_sees_question")
+"""Workflow limits and the Searcher template an evaluation takes from the training stage of its
+workflow: a system is evaluated in the workflow it was trained in."""
+
+
+def stage_fingerprint(cfg: Config) -> str:
+    """What a finished training stage was trained with: its steps and the hash of its resolved config."""
+    from mopd.config import to_yaml
+
+    return f"{cfg.trainer.steps} {hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]}"
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_marker(path: Path) -> Optional[str]:
+    return path.read_text().strip() if path.is_file() else None
+
+
+def _value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def retriever_overrides(r: RetrieverConfig) -> List[str]:
+    """The pipeline's retriever as overrides: its kind, its index (inprocess) or URL (http), and each
+    other field that differs from the default."""
+    from dataclasses import fields
+
+    default, named = RetrieverConfig(), "url" if r.kind == "http" else "index"
+    return [f"retriever.kind={r.kind}"] + [f"retriever.{f.name}={_value(getattr(r, f.name))}" for f in fields(r)
+                                           if f.name != "kind" and (f.name == named
+                                                                    or getattr(r, f.name) != getattr(default, f.name))]
+
+
+def mopd_words(launcher: str) -> List[str]:
+    """A launcher prefix as words (``torchrun --nproc_per_node 8 -m mopd``)."""
+    return shlex.split(launcher)
+
+
+@dataclass
+class Stage:
+    """One step of the pipeline."""
+
+    key: str
+    """Unique name: world, pi0, pi0_check, stage1, stage1.export, stage2.<arm>, eval.<system>, report."""
+    group: str
+    """The step it belongs to (its time in timings.json): world, pi0, pi0_check, stage1, stage2, eval, report."""
+    title: str
+    """What it does, in words."""
+    inputs: List[str] = field(default_factory=list)
+    outputs: List[str] = field(default_factory=list)
+
+    def fingerprint(self) -> str:
+        return ""
+
+    def done(self) -> bool:
+        """Whether a finished earlier run of this stage can be reused."""
+        return False
+
+    def mark_done(self) -> None:
+        pass
+
+    def command(self, cfg: PipelineConfig) -> List[str]:
+        """The command line that runs this stage (the subprocess launcher runs it as is)."""
+        return []
+
+
+@dataclass
+class WorldStage(Stage):
+    """The built-in tiny world and its index (reused by :func:`mopd.data.tinyworld.build_world` itself)."""
+
+    def done(self) -> bool:
+        return (Path(self.outputs[0]) / "world.json").is_file()
+
+    def command(self, cfg):
+        return ["(in-process)", "mopd.data.tinyworld.build_world", self.outputs[0]]
+
+
+@dataclass
+class Pi0Stage(Stage):
+    """pi_0's warm start on the tiny world (reused by :func:`mopd.data.warmstart.build_pi0` itself)."""
+
+    def done(self) -> bool:
+        return (Path(self.outputs[0]) / "pi0.json").is_file()
+
+    def command(self, cfg):
+        return ["(in-process)", "mopd.data.warmstart.build_pi0", self.inputs[0], self.outputs[0], *cfg.world.pi0]
+
+
+@dataclass
+class Pi0CheckStage(Stage):
+    """pi_0's dev check (reused by :func:`mopd.data.policy_check.check_pi0_cached` itself)."""
+
+    def done(self) -> bool:
+        return Path(self.outputs[0]).is_file()
+
+    def command(self, cfg):
+        return ["(in-process)", "mopd.data.policy_check.check_pi0_cached", self.inputs[0],
+                f"attempts={cfg.world.check_attempts}"]
+
+
+@dataclass
+class TrainStage(Stage):
+    """A training run (`mopd train --resume-or-start`): resumes from its newest checkpoint."""
+
+    spec: TrainStageConfig = field(default_factory=TrainStageConfig)
+    config: Optional[Config] = None
+    """The resolved run config."""
+    overrides: List[str] = field(default_factory=list)
+    """The overrides that resolve ``config`` from ``spec.preset``."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.trainer.out_dir)
+
+    def fingerprint(self) -> str:
+        return stage_fingerprint(self.config)
+
+    def done(self) -> bool:
+        marker = read_marker(self.run_dir / MARKER)
+        return marker is not None and (marker == self.fingerprint() or marker.startswith(self.fingerprint() + " "))
+
+    def mark_done(self) -> None:
+        if not self.done():
+            (self.run_dir / MARKER).write_text(self.fingerprint())
+
+    def command(self, cfg):
+        return mopd_words(cfg.launcher.train) + ["train", "--resume-or-start", self.spec.preset, *self.overrides]
+
+
+@dataclass
+class ExportStage(Stage):
+    """A training run's chosen checkpoint as a Hugging Face model (`mopd export`)."""
+
+    train: Optional[TrainStage] = None
+    which: str = "best"
+
+    @property
+    def export_dir(self) -> Path:
+        return self.train.run_dir / "export"
+
+    def fingerprint(self) -> str:
+        return f"{self.train.fingerprint()} {self.which}"
+
+    def done(self) -> bool:
+        return (self.export_dir / "config.json").is_file() and read_marker(self.train.run_dir / MARKER) == self.fingerprint()
+
+    def mark_done(self) -> None:
+        (self.train.run_dir / MARKER).write_text(self.fingerprint())
+
+    def command(self, cfg):
+        return mopd_words(cfg.launcher.export) + ["export", str(self.train.run_dir), "--checkpoint",
+                                                  "best" if self.which == "best" else "latest",
+                                                  "--out", str(self.export_dir)]
+
+
+@dataclass
+class EvalStage(Stage):
+    """One system's evaluation (`mopd eval run`): K workflows per question, resumable from its records."""
+
+    system: SystemConfig = field(default_factory=SystemConfig)
+    model_dir: str = ""
+    config: Optional[Config] = None
+    """The resolved evaluation config (rollout limits of the workflow's training stage)."""
+    preset: str = ""
+    overrides: List[str] = field(default_factory=list)
+    manifest: str = ""
+    """The evaluated split's file (read only when the evaluation starts)."""
+    questions: Optional[int] = None
+    """The first N questions round-robin over datasets (None: all)."""
+    attempts: int = 4
+
+    @property
+    def out(self) -> Path:
+        return Path(self.outputs[0])
+
+    def fingerprint(self) -> str:
+        """The evaluation's command, its model's weights and the manifest's size and time (a stat:
+        nothing reads the evaluated split before the evaluation)."""
+        from mopd.core.fingerprint import model_fingerprint
+
+        m = Path(self.manifest)
+        stat = [m.stat().st_size, m.stat().st_mtime_ns] if m.is_file() else None
+        from mopd.config import to_yaml
+
+        return _hash({"config": to_yaml(self.config), "workflow": self.system.workflow, "method": self.system.name,
+                      "attempts": self.attempts, "questions": self.questions, "manifest": [self.manifest, stat],
+                      "model": model_fingerprint(self.model_dir)})
+
+    def done(self) -> bool:
+        return (self.out / "records.jsonl").is_file() and read_marker(self.out / DONE) == self.fingerprint()
+
+    def mark_done(self) -> None:
+        (self.out / DONE).write_text(self.fingerprint())
+
+    def command(self, cfg):
+        manifest = self.manifest if self.questions is None else str(self.out.parent / "questions.jsonl")
+        return mopd_words(cfg.launcher.eval) + [
+            "eval", "run", "--model", self.model_dir, "--workflow", self.system.workflow, "--manifest", manifest,
+            "--attempts", str(self.attempts), "--out", str(self.out), "--method", self.system.name,
+            "--preset", self.preset, *self.overrides]
+
+
+@dataclass
+class ReportStage(Stage):
+    """The report of every evaluation: `mopd eval report` (kind eval), or the demo's claims (kind claims)."""
+
+    names: List[str] = field(default_factory=list)
+    evals: List[EvalStage] = field(default_factory=list)
+    logs: List[str] = field(default_factory=list)
+    labels: List[str] = field(default_factory=list)
+    kind: str = "eval"
+    reference: str = ""
+    draws: int = 4000
+    heading: str = ""
+    """The report's heading (kind eval)."""
+    pi0_check: str = ""
+    """The pi_0 check's file, shown in a claims report ("" when there is none)."""
+    dev: bool = False
+    """The systems were evaluated on the dev split (the tuning path)."""
+
+    @property
+    def out(self) -> Path:
+        return Path(self.outputs[0])
+
+    def fingerprint(self) -> str:
+        check = Path(self.pi0_check).read_text() if self.pi0_check and Path(self.pi0_check).is_file() else None
+        return _hash({"evals": [read_marker(e.out / DONE) for e in self.evals], "names": self.names, "dev": self.dev,
+                      "kind": self.kind, "reference": self.reference, "draws": self.draws, "heading": self.heading,
+                      "logs": [read_marker(Path(p).parent / MARKER) for p in self.logs], "pi0_check": check})
+
+    def done(self) -> bool:
+        return (self.out / "report.md").is_file() and read_marker(self.out / DONE) == self.fingerprint()
+
+    def mark_done(self) -> None:
+        (self.out / DONE).write_text(self.fingerprint())
+
+    def command(self, cfg):
+        if self.kind == "claims":
+            return ["(in-process)", "mopd.demo_report.write_report", *[str(e.out) for e in self.evals],
+                    "--out", str(self.out)]
+        return ["mopd", "eval", "report", *[str(e.out) for e in self.evals], "--names", *self.names,
+                "--reference", self.reference, "--draws", str(self.draws), "--title", self.heading,
+                "--out", str(self.out), "--val-log", *self.logs]
+
+
+# --------------------------------------------------------------------------------------------
+# The stages of a pipeline
+# --------------------------------------------------------------------------------------------
+
+
+def train_overrides(cfg: PipelineConfig, spec: TrainStageConfig, teacher: str = "") -> List[str]:
+    """A training stage's overrides: the pipeline's model, data, retriever, run directory, steps and
+    seeds (and the teacher of a Stage II arm), then the stage's own, then the pipeline's."""
+    o = [f"model.path={cfg.model}", f"data.train={cfg.data.train}", f"data.dev={cfg.data.dev}",
+         *retriever_overrides(cfg.retriever), f"trainer.out_dir={Path(cfg.root) / spec.dir}"]
+    if spec.steps is not None:
+        o.append(f"trainer.steps={spec.steps}")
+    o += [f"trainer.seed={cfg.seed}", f"rollout.seed={cfg.seed}"]
+    if teacher:
+        o.append(f"teacher.path={teacher}")
+    return o + list(spec.overrides) + list(cfg.overrides)
+
+
+def _train_stage(cfg: PipelineConfig, key: str, group: str, spec: TrainStageConfig, teacher: str = "") -> TrainStage:
+    overrides = train_overrides(cfg, spec, teacher)
+    run_cfg = resolve(spec.preset, overrides)
+    inputs = [cfg.model, cfg.data.train] + ([cfg.data.dev] if cfg.data.dev else [])
+    if teacher:
+        if not run_cfg.reference.from_teacher:
+            # base_teacher: OPD from pi_0, the Stage-I model stays the Leader's and Answerer's KL reference
+            overrides += [f"teacher.path={cfg.model}", f"reference.path={teacher}"]
+            run_cfg = resolve(spec.preset, overrides)
+        inputs.append(teacher)
+    title = f"{spec.name}: train {spec.preset}, {run_cfg.trainer.steps} steps"
+    return TrainStage(key=key, group=group, title=title, inputs=inputs, outputs=[run_cfg.trainer.out_dir],
+                      spec=spec, config=run_cfg, overrides=overrides)
+
+
+def _export_stage(train: TrainStage) -> ExportStage:
+    which = train.spec.export
+    title = f"{train.spec.name}: export the {'best-validation' if which == 'best' else 'last'} checkpoint"
+    return ExportStage(key=f"{train.key}.export", group=train.group, title=title, inputs=[str(train.run_dir)],
+                       outputs=[str(train.run_dir / "export")], train=train, which=which)
+
+
+def slug(name: str) -> str:
+    """A system's directory name (``C-MAS + RL`` -> ``c_mas_plus_rl``)."""
+    return name.lower().replace(" ", "_").replace("+", "plus").replace("-", "_")
+
+
+def _eval_stage(cfg: PipelineConfig, system: SystemConfig, limits: Optional[Config]) -> EvalStage:
+    preset = f"{system.workflow}_base"
+    o = [f"model.path={cfg.model_of(system)}", f"eval.attempts={cfg.eval.attempts}", f"rollout.seed={cfg.seed}",
+         *retriever_overrides(cfg.retriever)]
+    if limits is not None:
+        own = resolve(preset, o)
+        o += [f"rollout.{k}={_value(getattr(limits.rollout, k))}" for k in LIMIT_KEYS
+              if getattr(limits.rollout, k) != getattr(own.rollout, k)]
+    o += list(cfg.eval.overrides)
+    manifest = cfg.data.dev if cfg.eval.split == "dev" else cfg.data.test
+    out = Path(cfg.root) / cfg.eval.dir / slug(system.name)
+    size = f"{cfg.eval.questions} " if cfg.eval.questions else ""
+    title = (f"{system.name}: evaluate {system.workflow}, {size}{cfg.eval.split} questions x {cfg.eval.attempts} "
+             "attempts")
+    return EvalStage(key=f"eval.{slug(system.name)}", group="eval", title=title,
+                     inputs=[cfg.model_of(system), manifest], outputs=[str(out)], system=system,
+                     model_dir=cfg.model_of(system), config=resolve(preset, o), preset=preset, overrides=o,
+                     manifest=manifest, questions=cfg.eval.questions, attempts=cfg.eval.attempts)
+
+
+def plan(cfg: PipelineConfig) -> List[Stage]:
+    """Every stage of ``cfg``, in the order they run (resolving each stage's config; nothing loads)."""
+    root = Path(cfg.root)
+    stages: List[Stage] = []
+    if cfg.world.build:
+        world, pi0 = str(root / "world"), str(Path(cfg.model))
+        stages.append(WorldStage("world", "world", f"the tiny world and its {cfg.world.index_kind} index",
+                                 outputs=[world]))
+        stages.append(Pi0Stage("pi0", "pi0", "pi_0: SFT warm start on scripted demonstrations", inputs=[world],
+                               outputs=[pi0]))
+        if cfg.world.check_attempts:
+            stages.append(Pi0CheckStage("pi0_check", "pi0_check", "pi_0's format validity and EM on dev",
+                                        inputs=[pi0], outputs=[str(root / "pi0_check.json")]))
+    stage1 = _train_stage(cfg, "stage1", "stage1", cfg.stage1)
+    stages += [stage1, _export_stage(stage1)]
+    teacher = str(stage1.run_dir / "export")
+    arms = [_train_stage(cfg, f"stage2.{k}", "stage2", spec, teacher=teacher) for k, spec in cfg.stage2.items()]
+    for arm in arms:
+        stages += [arm, _export_stage(arm)]
+    limits = {"cmas": stage1.config, "hmas": arms[0].config if arms else None}
+    evals = [_eval_stage(cfg, s, limits.get(s.workflow)) for s in cfg.systems]
+    stages += evals
+    trains = [stage1] + arms
+    report_dir = root / cfg.report.dir
+    check = str(root / "pi0_check.json") if cfg.world.build and cfg.world.check_attempts else ""
+    stages.append(ReportStage(
+        "report", "report", f"the report ({'claims' if cfg.report.kind == 'claims' else 'mopd eval report'})",
+        inputs=[str(e.out) for e in evals], outputs=[str(report_dir)], names=[s.name for s in cfg.systems],
+        evals=evals, logs=[str(t.run_dir / "metrics.jsonl") for t in trains],
+        labels=[t.spec.label or t.spec.name for t in trains], kind=cfg.report.kind,
+        reference=cfg.reference_system(), draws=cfg.report.draws, heading=cfg.report.title, pi0_check=check,
+        dev=cfg.eval.split == "dev"))
+    return stages

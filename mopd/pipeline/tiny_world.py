@@ -1,0 +1,215 @@
+"""The demo's pipeline: the method end to end on the built-in tiny world, on a laptop CPU.
+
+world -> retrieval index -> pi_0 (SFT warm start) -> its dev check -> Stage I (tiny_cmas_rl) ->
+export as teacher -> Stage II arms from pi_0, side by side in processes of one thread (tiny_mopd and
+its control tiny_no_searcher_supervision; with ablations also tiny_outcome_searcher and
+tiny_base_teacher), each exported at its last step -> evaluation of C-MAS base, C-MAS + RL, H-MAS
+base and every arm (4 attempts, question bootstrap) -> the report with its claims.
+
+:class:`DemoSettings` are `mopd demo`'s options; :func:`demo_pipeline` turns them into the
+:class:`~mopd.pipeline.config.PipelineConfig` that `mopd demo` runs (and that the ``demo``
+pipeline preset is, at the defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from mopd.config import RetrieverConfig
+from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
+                                  SystemConfig, TrainStageConfig, WorldConfig)
+
+
+@dataclass
+class DemoSettings:
+    out: str = "runs/demo"
+    """Run directory; everything the demo builds lands here."""
+    seed: int = 0
+    """Seed of the world, pi_0 and training."""
+    pi0_steps: Optional[int] = None
+    """SFT steps of the warm start (None: the warm-start recipe's default)."""
+    stage1_steps: int = 15
+    """Stage I (C-MAS) training steps (15: seed 0's Stage I peaked on dev at step 15 of 20 with the
+    chain-only world, and the demo must fit 25 minutes with a second Stage II arm)."""
+    stage2_steps: int = 10
+    """Stage II (H-MAS) training steps, every arm alike (10: on seed 0's dev split, with 15 steps,
+    MultiAgent-OPD's dev EM was 50.0% at steps 5 and 10 and 45.0% at 15, the control's 40.6-45.0%
+    throughout; 10 also keeps the demo within 25 minutes)."""
+    test_questions: Optional[int] = None
+    """Evaluate on the first N test questions (None: the whole test split)."""
+    attempts: int = 4
+    """Independent workflows per test question."""
+    bootstrap_draws: int = 4000
+    """Question-bootstrap draws of the report."""
+    with_ablations: bool = False
+    """Also train the outcome-reward Searcher and base-teacher ablations (read at their last step, as
+    the paper's Table 3) and report search activity over training."""
+    index_kind: str = "flat"
+    """flat (MiniLM embeddings, FAISS) or bm25."""
+    overrides: List[str] = field(default_factory=list)
+    """Extra config overrides applied to every training stage (e.g. trainer.lr=5e-4)."""
+    quick: bool = False
+    """A smoke run of the pipeline (a smaller world, a few SFT and RL steps, short workflows): checks
+    that every stage and artifact works, says nothing about the method."""
+    world: List[str] = field(default_factory=list)
+    """World settings as KEY=VALUE (any :class:`mopd.data.tinyworld.WorldSettings` field, e.g.
+    test_per_dataset=100 bands=400): a larger test split narrows the intervals at little cost."""
+    pi0: List[str] = field(default_factory=list)
+    """Warm-start settings as KEY=VALUE (any :class:`mopd.data.warmstart.WarmStartSettings` field but
+    seed, e.g. search_first=0.9 steps=600)."""
+    stage2_questions_per_step: Optional[int] = None
+    """Stage II questions per step (None: the tiny_mopd preset's)."""
+    eval_split: str = "test"
+    """The split the systems are evaluated on: test (the final numbers, looked at once) or dev
+    (every tuning choice; reported under report_dev/, evaluations under eval_dev/)."""
+    pi0_check_attempts: int = 4
+    """Workflows per dev question when pi_0 is checked (format validity and EM, both workflows)."""
+    weak_pi0_em: float = 0.15
+    """pi_0 is flagged weak when its dev EM (mean of C-MAS and H-MAS) is below this
+    (:class:`mopd.data.policy_check.WeakPi0`)."""
+    weak_pi0_valid: float = 0.9
+    """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid."""
+    eval_workers: int = 2
+    """Processes for the final evaluations (every system, two at a time with 2, on a machine with
+    at least 2 cores). Each evaluation is a function of its model, questions and seed, so the records
+    are the same with 1 (tested); 2 halves the evaluation's wall time on a 2-core machine."""
+    threads: int = 2
+    """Intra-op threads of the stages that run alone (pi_0's SFT, Stage I); the Stage II arms and
+    the evaluations run one thread each, side by side. A fixed number, not the machine's core count:
+    results depend on it in the last bits (2 threads trained the tiny model 1.7x faster than 1 on
+    the 2-core box, bench/RESULTS.md), so a run is reproducible on any machine."""
+    arm_workers: int = 2
+    """Stage II arms trained at once (processes, one thread each): MultiAgent-OPD and its
+    no-Searcher-supervision control, and with ablations the outcome-reward Searcher and the base
+    teacher. Each arm is a function of its config and seed, so its weights are the same with 1."""
+    lockstep: bool = True
+    """Roll out (training and evaluation) with the lock-step scheduler, whose engine batches are a
+    function of the runs' states, instead of the asynchronous one, whose batches depend on timing:
+    a call's sampling log-probs change in the last bits with what it is batched with (measured up to
+    1e-6 on the HF engine), so only lock-step runs are bit-reproducible."""
+
+    def __post_init__(self):
+        from mopd.data.warmstart import parse_pi0_settings
+
+        parse_pi0_settings(self.pi0)  # a bad KEY=VALUE fails here, before anything is built
+        if self.eval_split not in ("test", "dev"):
+            raise ValueError(f"eval_split={self.eval_split!r}: choose test or dev")
+        if self.pi0_check_attempts < 0:
+            raise ValueError("pi0_check_attempts must be >= 0 (0: no check)")
+        if self.eval_workers < 1:
+            raise ValueError("eval_workers must be >= 1")
+        if self.arm_workers < 1:
+            raise ValueError("arm_workers must be >= 1")
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1")
+        if self.stage2_questions_per_step is not None and self.stage2_questions_per_step < 1:
+            raise ValueError("stage2_questions_per_step must be >= 1")
+        world_settings(self)  # a bad KEY=VALUE fails here, before anything is built
+        self.weak_pi0()       # and so does a threshold out of [0, 1]
+
+    def weak_pi0(self):
+        """The weak-pi_0 thresholds as one value (:class:`mopd.data.policy_check.WeakPi0`)."""
+        from mopd.data.policy_check import WeakPi0
+
+        return WeakPi0(em=self.weak_pi0_em, valid=self.weak_pi0_valid)
+
+
+QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
+"""Workflow limits of a quick run (training and evaluation)."""
+QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "rollout.answer_candidates=2",
+                   "trainer.val_every=1", "trainer.val_attempts=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
+"""Overrides of every training stage of a quick run (the evaluation takes its workflow limits)."""
+
+
+def quick_settings(s: DemoSettings) -> DemoSettings:
+    """``s`` shortened as `mopd demo --quick` shortens it: 2 steps per stage, 4 test questions, at
+    most 2 attempts, 200 bootstrap draws, at most one workflow per question in the pi_0 check."""
+    s.quick = True
+    s.stage1_steps, s.stage2_steps = 2, 2
+    s.test_questions = s.test_questions or 4
+    s.attempts = min(s.attempts, 2)
+    s.bootstrap_draws = 200
+    s.pi0_check_attempts = min(s.pi0_check_attempts, 1)
+    return s
+
+
+def world_settings(s: DemoSettings):
+    """The :class:`mopd.data.tinyworld.WorldSettings` of a demo: the default (or quick) world with
+    the demo's seed and index kind, then ``s.world``'s KEY=VALUE entries."""
+    from mopd.data.tinyworld import parse_world_settings
+
+    return parse_world_settings(s.world, seed=s.seed, index_kind=s.index_kind, quick=s.quick)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One Stage II run of the comparison: a system of the report, trained from pi_0."""
+
+    name: str
+    """The system's name in the report."""
+    preset: str
+    """Its tiny preset."""
+    dir: str
+    """Its run directory under the demo's."""
+    label: str
+    """Its validation curve's label."""
+
+    @property
+    def key(self) -> str:
+        """Its key among the pipeline's Stage II arms (the method: mopd, no_searcher_supervision, ...)."""
+        return self.preset.removeprefix("tiny_")
+
+
+STAGE2_ARMS = [Arm("MultiAgent-OPD", "tiny_mopd", "stage2", "Stage II (MultiAgent-OPD)"),
+               Arm("No Searcher supervision", "tiny_no_searcher_supervision", "stage2_no_searcher_supervision",
+                   "Stage II, no Searcher supervision")]
+"""The primary comparison: the same Stage II (pi_0, teacher, KL reference, seed, questions, steps,
+checkpoint rule) with and without the Searcher's OPD loss."""
+ABLATION_ARMS = [Arm("Outcome Searcher", "tiny_outcome_searcher", "ablation_outcome_searcher",
+                     "Ablation (outcome Searcher)"),
+                 Arm("Base teacher", "tiny_base_teacher", "ablation_base_teacher", "Ablation (base teacher)")]
+"""``--with-ablations``: Table 3's other rows."""
+
+
+def demo_pipeline(s: DemoSettings) -> PipelineConfig:
+    """The pipeline `mopd demo` runs with settings ``s`` (paths under ``${root}``, = ``s.out``).
+
+    Every training stage: the world's splits and index, pi_0, the demo's seed; a quick run's
+    overrides first, then the stage's own (Stage I: ``s.threads`` threads; the arms:
+    ``s.stage2_questions_per_step``), then ``s.overrides``."""
+    quick = list(QUICK_OVERRIDES) if s.quick else []
+    arms = STAGE2_ARMS + (ABLATION_ARMS if s.with_ablations else [])
+    per_step = ([f"trainer.questions_per_step={s.stage2_questions_per_step}"]
+                if s.stage2_questions_per_step is not None else [])
+    pi0 = list(s.pi0) + ([f"steps={s.pi0_steps}"] if s.pi0_steps is not None else [])
+    if s.quick:
+        pi0 += [f"steps={s.pi0_steps or 3}", "max_questions=8", "attempts=1", "episodes_per_step=4"]
+    dev = s.eval_split == "dev"
+    q = "${root}/world/questions"
+    return PipelineConfig(
+        name="demo",
+        description="The method end to end on the built-in tiny world (CPU): world, pi_0, Stage I, Stage II "
+                    "arms side by side, the evaluation of every system and the report with its claims.",
+        root=s.out, model="${root}/pi0", seed=s.seed,
+        data=DataPaths(train=f"{q}/train.jsonl", dev=f"{q}/dev.jsonl", test=f"{q}/test.jsonl"),
+        retriever=RetrieverConfig(kind="inprocess", index="${root}/world/index"),
+        world=WorldConfig(build=True, settings=list(s.world), index_kind=s.index_kind, quick=s.quick, pi0=pi0,
+                          pi0_threads=s.threads,
+                          check_attempts=min(s.pi0_check_attempts, 1) if s.quick else s.pi0_check_attempts,
+                          weak_em=s.weak_pi0_em, weak_valid=s.weak_pi0_valid),
+        overrides=list(s.overrides),
+        stage1=TrainStageConfig(name="C-MAS + RL", preset="tiny_cmas_rl", dir="stage1", steps=s.stage1_steps,
+                                overrides=quick + [f"trainer.cpu_threads={s.threads}"], export="best",
+                                label="Stage I (C-MAS + RL)"),
+        stage2={a.key: TrainStageConfig(name=a.name, preset=a.preset, dir=a.dir, steps=s.stage2_steps,
+                                        overrides=quick + per_step, export="last", label=a.label) for a in arms},
+        systems=[SystemConfig("C-MAS base", "base", "cmas"), SystemConfig("C-MAS + RL", "stage1", "cmas"),
+                 SystemConfig("H-MAS base", "base", "hmas")] + [SystemConfig(a.name, a.key, "hmas") for a in arms],
+        eval=EvalSettings(split=s.eval_split, attempts=s.attempts, questions=s.test_questions,
+                          dir="eval_dev" if dev else "eval"),
+        report=ReportSettings(kind="claims", dir="report_dev" if dev else "report", reference="MultiAgent-OPD",
+                              draws=s.bootstrap_draws),
+        launcher=LauncherConfig(kind="inprocess", arm_workers=s.arm_workers, eval_workers=s.eval_workers,
+                                lockstep=s.lockstep),
+    )
