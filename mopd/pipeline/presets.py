@@ -97,7 +97,7 @@ def show_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[
 
 def _merged(preset, overrides, yaml_file):
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import OmegaConfBaseException, ValidationError
 
     from mopd.config import _check_yaml_shape, _empty_string, _valid_keys
 
@@ -124,7 +124,7 @@ def _merged(preset, overrides, yaml_file):
         _check_yaml_shape(yaml_file, layer, schema)
         layers.append(layer)
     if overrides:
-        valid = _valid_keys(schema)
+        valid = _valid_keys(OmegaConf.merge(schema, *layers))   # a YAML file's own entries (arms) included
         items = []
         for it in normalize_overrides(list(overrides)):
             key, value = it.split("=", 1)
@@ -137,6 +137,8 @@ def _merged(preset, overrides, yaml_file):
         layers.append(OmegaConf.from_dotlist(items))
     try:
         return OmegaConf.merge(schema, *layers)
+    except ValidationError as e:
+        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {(e.msg or str(e)).splitlines()[0]}") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad pipeline config: {str(e).splitlines()[0]}") from None
 

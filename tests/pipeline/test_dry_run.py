@@ -1,0 +1,87 @@
+"""`mopd pipeline PRESET --dry-run`: every stage with its command, memory per GPU and disk, and
+nothing loaded or run."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mopd.cli import main
+from mopd.pipeline.presets import PAPER_MODEL
+
+
+def _refuse(*a, **k):
+    raise AssertionError("a dry run loaded or ran something")
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Every loader and launcher a stage uses fails the test when called."""
+    import transformers
+
+    import mopd.core.qa
+    import mopd.data.tinyworld
+    import mopd.data.warmstart
+    import mopd.eval.runner
+    import mopd.pipeline.run
+    import mopd.retriever
+    import mopd.train.trainer
+
+    monkeypatch.setattr(mopd.train.trainer.PolicyTrainer, "__init__", _refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", _refuse)
+    for module, name in ((mopd.retriever, "load_retriever"), (mopd.eval.runner, "evaluate"),
+                         (mopd.data.tinyworld, "build_world"), (mopd.data.warmstart, "build_pi0"),
+                         (mopd.core.qa, "load_questions"), (mopd.pipeline.run.subprocess, "call")):
+        monkeypatch.setattr(module, name, _refuse)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def test_the_papers_dry_run_names_every_stage_its_command_memory_and_disk(nothing_loads, capsys, tmp_path):
+    from mopd.train.memory_plan import ModelShape, load_model_config
+
+    assert main(["pipeline", "paper", "--dry-run", f"root={tmp_path}/paper"]) == 0
+    out = capsys.readouterr().out
+    params = ModelShape.from_config(load_model_config(PAPER_MODEL)).params
+    checkpoints, export = 4 * 12 * params, 4 * params      # 3 kept + the best, 12 B each; the export in fp32
+    for key in ("stage1", "stage1.export", "stage2.mopd", "stage2.mopd.export", "stage2.prompted_critic",
+                "stage2.prompted_critic.export", "eval.c_mas_base", "eval.c_mas_plus_rl", "eval.h_mas_base",
+                "eval.prompted_critic", "eval.multiagent_opd", "report"):
+        assert f"] {key}: " in out, key
+    blocks = out.split("\n[")[1:]
+    assert len(blocks) == 12 and all("command: " in b and "memory per GPU: " in b and "disk: " in b for b in blocks)
+    assert f"torchrun --nproc_per_node 8 -m mopd train --resume-or-start cmas_rl model.path={PAPER_MODEL}" in out
+    assert f"mopd export {tmp_path}/paper/stage1 --checkpoint best --out {tmp_path}/paper/stage1/export" in out
+    assert "mopd eval run --model" in out and "mopd eval report" in out
+    train_memory = [line for line in out.splitlines() if "memory per GPU: training" in line]
+    assert len(train_memory) == 3 and all("of 80 on each of 8 GPU(s)" in line for line in train_memory)
+    assert out.count(f"disk: {_gb(checkpoints)} (4 checkpoints") == 3 and out.count(f"disk: {_gb(export)} (fp32") == 3
+    assert f"disk in all: {_gb(3 * (checkpoints + export))}" in out
+    assert "to run" in out and "nothing was loaded or run" in out
+    assert not (tmp_path / "paper").exists()
+
+
+def test_a_model_without_config_json_has_unknown_disk(nothing_loads, capsys, tmp_path):
+    assert main(["pipeline", "paper", "--dry-run", f"model={tmp_path}/missing", f"root={tmp_path}/r"]) == 0
+    out = capsys.readouterr().out
+    assert "disk: unknown (unknown (no config.json for" in out and "memory per GPU: unknown" in out
+    assert "(model size unknown)" in out
+
+
+def test_the_demos_dry_run_lists_its_world_and_pi0_stages(nothing_loads, capsys, tmp_path):
+    assert main(["pipeline", "demo_quick", "--dry-run", f"root={tmp_path}/d"]) == 0
+    out = capsys.readouterr().out
+    for key in ("world", "pi0", "pi0_check", "stage1", "stage2.mopd", "stage2.no_searcher_supervision",
+                "eval.no_searcher_supervision", "report"):
+        assert f"] {key}: " in out
+    assert "in-process: mopd.data.tinyworld.build_world" in out and "mopd.demo_report.write_report" in out
+
+
+def test_a_dry_run_imports_no_torch():
+    code = ("import sys; from mopd.cli import main; rc = main(['pipeline', 'paper', '--dry-run']); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules, rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False False 0"
