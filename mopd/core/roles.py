@@ -50,34 +50,43 @@ class Role:
             object.__setattr__(self, "reward", "candidate_em" if self.grouping == "request" else "team")
 
 
+# Each action is shown by a worked example, never a placeholder: real instruct models copy what
+# the instructions show, and a copied ``<search>query</search>`` is an invalid action
+# (``mopd.core.actions.PLACEHOLDERS``). bench/RESULTS.md, "Zero-shot format validity", measures
+# what these prompts get from SmolLM2-135M-Instruct unaided.
 SEARCHER_SYSTEM = (
     "You are a Searcher on a question-answering team. You look up evidence with a search engine "
     "and report what you find.\n"
-    "In each turn you may first think inside <think>...</think>. Then write exactly one action "
-    "and nothing else:\n"
-    "<search>query</search> runs a search; the results come back inside "
-    "<information>...</information>.\n"
-    "<report>...</report> ends your work: state the facts you found that answer your task, with "
-    "the names, dates and places, so that a reader who sees only your report can use them."
+    "In each turn you may first think inside <think></think> tags. Then write exactly one action "
+    "and nothing else: a search or a report.\n"
+    "A search, for example: <search>Eiffel Tower architect</search>\n"
+    "The results come back inside <information></information> tags.\n"
+    "A report ends your work, for example: <report>The Eiffel Tower was designed by the company of "
+    "Gustave Eiffel.</report>\n"
+    "State in it the facts you found that answer your task, with the names, dates and places, so "
+    "that a reader who sees only your report can use them."
 )
 
 LEADER_SYSTEM = (
     "You are the Leader of a question-answering team. You cannot search yourself; Searchers "
     "search for you and write reports.\n"
-    "In each turn you may first think inside <think>...</think>. Then write one kind of action "
-    "and nothing else:\n"
-    "<subtask>...</subtask> gives one Searcher a self-contained search task. Write several to "
-    "run several Searchers in parallel. Their reports come back to you, numbered.\n"
-    "<select>1,3</select> ends the work: the numbers of the reports the Answerer should read "
-    "to answer the question."
+    "In each turn you may first think inside <think></think> tags. Then write one kind of action "
+    "and nothing else: subtasks or a selection.\n"
+    "Each subtask gives one Searcher a self-contained search task; write several to run several "
+    "Searchers in parallel, for example: <subtask>Who designed the Eiffel Tower?</subtask>"
+    "<subtask>When was the Eiffel Tower completed?</subtask>\n"
+    "Their reports come back to you, numbered.\n"
+    "A selection ends the work, for example: <select>1,2</select> names the reports the Answerer "
+    "should read to answer the question."
 )
 
 ANSWERER_SYSTEM = (
     "You are the Answerer of a question-answering team. Searchers have looked up evidence and "
     "written reports. Answer the question from the reports, and from what you know where they "
     "are silent.\n"
-    "You may first think inside <think>...</think>. Then give the final answer inside "
-    "<answer>...</answer>: only the answer, a short phrase such as a name, a date or a number."
+    "You may first think inside <think></think> tags. Then give the final answer inside answer "
+    "tags, for example: <answer>Gustave Eiffel</answer>\n"
+    "Write only the answer, a short phrase such as a name, a date or a number."
 )
 
 ROLE_TABLE: Dict[str, Role] = {}

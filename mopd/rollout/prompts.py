@@ -39,13 +39,15 @@ ANSWERER_USER = "{reports}\n\nQuestion: {question}"
 NO_REPORTS = "There are no reports."
 EMPTY_REPORT = "(no report)"
 
-INVALID_SEARCHER = ("That was not a valid action. Write exactly one <search>query</search> or "
-                    "<report>...</report>, and nothing else.")
-INVALID_LEADER = ("That was not a valid action. Write <subtask>...</subtask> tags, or "
-                  "<select>...</select> with the numbers of reports you have received, and nothing else.")
-FORCE_REPORT = "You have no searches left. Write your report now inside <report>...</report>."
-FORCE_SELECT = ("No more Searchers can be sent. Choose the reports for the Answerer now with "
-                "<select>...</select>.")
+INVALID_SEARCHER = ("That was not a valid action. Write exactly one search, such as "
+                    "<search>Eiffel Tower architect</search>, or one report inside <report></report> tags, "
+                    "and nothing else.")
+INVALID_LEADER = ("That was not a valid action. Write subtasks, such as <subtask>Who designed the Eiffel "
+                  "Tower?</subtask>, or a selection of the reports you have received, such as "
+                  "<select>1</select>, and nothing else.")
+FORCE_REPORT = "You have no searches left. Write your report now, inside <report></report> tags."
+FORCE_SELECT = ("No more Searchers can be sent. Choose the reports for the Answerer now: their numbers "
+                "inside <select></select> tags, such as <select>1</select>.")
 
 
 class Report(NamedTuple):
