@@ -49,7 +49,11 @@ def train(stage: TrainStage, export: Optional[ExportStage], retriever, lockstep:
     from mopd.core.reproducible import deterministic_torch
     from mopd.train.trainer import PolicyTrainer
 
-    log(f"{name}: training {cfg.trainer.steps} steps ({cfg.method}) -> {cfg.trainer.out_dir}")
+    if stage.done():   # trained: only its export is missing
+        log(f"{name}: trained in {cfg.trainer.out_dir}; exporting")
+    else:
+        log(f"{name}: training {cfg.trainer.steps} steps ({cfg.method}) -> {cfg.trainer.out_dir}")
+    stage.begin(log)
     t0 = time.perf_counter()
     deterministic_torch(max(1, cfg.trainer.cpu_threads))
     trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn(lockstep), progress=progress)
@@ -143,6 +147,7 @@ def evaluate(stage: EvalStage, questions, retriever, lockstep: bool, log: Log) -
     plan = runner.EvalPlan(stage.out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=stage.attempts,
                            method=name, model=model_fingerprint(stage.model_dir))
     set_aside_if_stale(stage.out, plan.fixed_settings(), log)
+    stage.begin(log)
     path = runner.evaluate(stage.model_dir, None, retriever, questions, plan, cfg, run_fn=rollout_fn(lockstep))
     stage.out.mkdir(parents=True, exist_ok=True)
     stage.mark_done()

@@ -264,6 +264,7 @@ class _Subprocess(_Timed):
             else:
                 if isinstance(s, EvalStage) and s.questions is not None and s is evals[0]:
                     self._write_questions(s)
+                s.begin(self.log)
                 self._call(s)
                 s.mark_done()
             self.times[s.group] = self.times.get(s.group, 0.0) + time.perf_counter() - t

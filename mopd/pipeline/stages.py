@@ -26,6 +26,10 @@ MARKER = "DONE"
 """A training run's marker (in its run directory)."""
 DONE = ".done"
 """An evaluation's and the report's marker (in their directories)."""
+STARTED = ".stage"
+"""In a training run's or an evaluation's directory: what the build there is of (its stage's
+identity), written when it starts. A directory that holds another build (other settings, another
+teacher) is moved aside to DIR.replaced-N before the stage starts, never resumed into or deleted."""
 LIMIT_KEYS = ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds", "max_searchers_per_wave",
               "searcher_sees_question")
 """Workflow limits and the Searcher template an evaluation takes from the training stage of its
@@ -94,6 +98,37 @@ class Stage:
         """The command line that runs this stage (the subprocess launcher runs it as is)."""
         return []
 
+    def directory(self) -> Optional[Path]:
+        """The directory this stage builds in and owns (None: a stage that keeps its own cache)."""
+        return None
+
+    def identity(self) -> str:
+        """What the build in :meth:`directory` is of (see :data:`STARTED`)."""
+        return self.fingerprint()
+
+    def begin(self, log) -> None:
+        """Before the stage runs: a directory holding another build is moved aside; then this
+        stage's identity is written there (a killed build of the same stage is resumed)."""
+        d = self.directory()
+        if d is None:
+            return
+        started = read_marker(d / STARTED)
+        if started is not None and started != self.identity():
+            n = 1
+            while d.with_name(f"{d.name}.replaced-{n}").exists():
+                n += 1
+            aside = d.with_name(f"{d.name}.replaced-{n}")
+            d.rename(aside)
+            log(f"{d} holds a build of other settings or inputs: moved to {aside}")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / STARTED).write_text(self.identity())
+
+    def built_here(self) -> bool:
+        """Whether the build in :meth:`directory` is this stage's (or predates these records)."""
+        d = self.directory()
+        started = read_marker(d / STARTED) if d is not None else None
+        return started is None or started == self.identity()
+
 
 @dataclass
 class WorldStage(Stage):
@@ -146,9 +181,24 @@ class TrainStage(Stage):
     def fingerprint(self) -> str:
         return stage_fingerprint(self.config)
 
+    def identity(self) -> str:
+        """The fingerprint and the weights and data it trains from (the base model, a teacher, a
+        reference: a retrained Stage I is a new teacher under the same path)."""
+        from mopd.core.fingerprint import data_fingerprint, model_fingerprint
+
+        c = self.config
+        models = [c.model.path, c.teacher.path, c.reference.path]
+        return _hash({"fingerprint": self.fingerprint(),
+                      "models": [model_fingerprint(p)["weights"] if p else None for p in models],
+                      "data": [data_fingerprint(p)["content"] for p in (c.data.train, c.data.dev)]})
+
+    def directory(self) -> Path:
+        return self.run_dir
+
     def done(self) -> bool:
         marker = read_marker(self.run_dir / MARKER)
-        return marker is not None and (marker == self.fingerprint() or marker.startswith(self.fingerprint() + " "))
+        return (marker is not None and (marker == self.fingerprint() or marker.startswith(self.fingerprint() + " "))
+                and self.built_here())
 
     def mark_done(self) -> None:
         if not self.done():
@@ -173,7 +223,8 @@ class ExportStage(Stage):
         return f"{self.train.fingerprint()} {self.which}"
 
     def done(self) -> bool:
-        return (self.export_dir / "config.json").is_file() and read_marker(self.train.run_dir / MARKER) == self.fingerprint()
+        return ((self.export_dir / "config.json").is_file() and read_marker(self.train.run_dir / MARKER) ==
+                self.fingerprint() and self.train.built_here())
 
     def mark_done(self) -> None:
         (self.train.run_dir / MARKER).write_text(self.fingerprint())
@@ -222,6 +273,9 @@ class EvalStage(Stage):
 
     def mark_done(self) -> None:
         (self.out / DONE).write_text(self.fingerprint())
+
+    def directory(self) -> Path:
+        return self.out
 
     def command(self, cfg):
         manifest = self.manifest if self.questions is None else str(self.out.parent / "questions.jsonl")

@@ -27,8 +27,9 @@ def _steps(run_dir):
     return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _check_outputs(root, stage2_steps=2):
-    assert _steps(root / "stage1") == [0, 1, 2] and _steps(root / "stage2") == list(range(stage2_steps + 1))
+def _check_outputs(root, stage2_steps=2, stage1_steps=2):
+    assert _steps(root / "stage1") == list(range(stage1_steps + 1))
+    assert _steps(root / "stage2") == list(range(stage2_steps + 1))
     for s in SYSTEMS:
         assert len((root / "eval" / s / "records.jsonl").read_text().splitlines()) == 2   # 2 questions x 1 attempt
     metrics = json.loads((root / "report" / "metrics.json").read_text())
@@ -54,13 +55,27 @@ def test_a_pipeline_from_yaml_runs_end_to_end_then_reuses_every_stage(tiny, tmp_
                  "eval MultiAgent-OPD: reusing", "report: reusing"):
         assert line in err
     assert "training" not in err
-    # another step count is another stage: trained again (resumed from its last checkpoint), evaluated again
+    # another step count is another stage: the old run is moved aside, the arm trained again and
+    # evaluated again; Stage I and the systems it does not touch are reused
     assert main(["pipeline", "--file", str(f), f"root={root}"]) == 0
     _check_outputs(root, stage2_steps=2)
-    assert _stamps(root)["stage1/DONE"] == built["stage1/DONE"]
+    again = _stamps(root)
+    assert (root / "stage2.replaced-1" / "export" / "model.safetensors").is_file()
+    assert [rel for rel in BUILT if again[rel] != built[rel]] == [
+        "stage2/DONE", "stage2/metrics.jsonl", "stage2/export/model.safetensors", "report/report.md",
+        "report/metrics.json", "eval/multiagent_opd/records.jsonl"]
+    # Stage I exported at another step is a new teacher under the same path: Stage II trains again
+    # from it (its run moved aside), and what evaluates either model runs again
+    assert main(["pipeline", "--file", str(f), f"root={root}", "stage1.export=last"]) == 0
+    third = _stamps(root)
+    changed = [rel for rel in BUILT if third[rel] != again[rel]]
+    assert "eval/c_mas_base/records.jsonl" not in changed
+    assert {"stage1/export/model.safetensors", "stage2/DONE", "stage2/metrics.jsonl",
+            "eval/c_mas_plus_rl/records.jsonl"} <= set(changed)
+    assert json.loads((root / "stage1" / "export" / "mopd_export.json").read_text())["step"] == 2
+    assert not (root / "stage1.replaced-1").exists() and (root / "stage2.replaced-2").is_dir()
 
 
-@pytest.mark.slow
 def test_an_interrupted_stage_resumes_from_its_checkpoint(tiny, monkeypatch):
     from mopd.train.trainer import PolicyTrainer
 

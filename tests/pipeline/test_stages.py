@@ -79,6 +79,13 @@ def test_markers_say_which_stages_are_done(tiny):
     (export.export_dir / "config.json").write_text("{}")
     export.mark_done()
     assert train.done() and export.done()
+    train.begin(log=print)
+    assert train.done() and export.done()
+    (train.run_dir / ".stage").write_text("a build of another teacher")
+    assert not train.done() and not export.done()
+    train.begin(log=print)                                    # moved aside, started afresh
+    assert (train.run_dir.parent / "stage1.replaced-1" / "export" / "config.json").is_file()
+    assert not train.done() and sorted(p.name for p in train.run_dir.iterdir()) == [".stage"]
     (train.run_dir / "DONE").write_text(train.fingerprint().replace(" ", "0 ", 1) + " best")   # other steps
     assert not train.done() and not export.done()
     ev.out.mkdir(parents=True)
