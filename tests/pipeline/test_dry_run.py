@@ -85,3 +85,13 @@ def test_a_dry_run_imports_no_torch():
             "print('torch' in sys.modules, 'transformers' in sys.modules, rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False False 0"
+
+
+def test_the_readmes_pipeline_commands_plan_without_loading(nothing_loads, capsys):
+    from tests.helpers.readme import gpu_section_commands
+
+    commands = gpu_section_commands("pipeline")
+    assert [c[:2] for c in commands] == [["pipeline", "paper"], ["pipeline", "paper"]]
+    for argv in commands:
+        assert main([*argv, "--dry-run"] if "--dry-run" not in argv else argv) == 0
+    assert "pipeline paper: 12 stages under runs/paper" in capsys.readouterr().out
