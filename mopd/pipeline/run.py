@@ -52,6 +52,36 @@ def spread_over_datasets(questions, n: int):
     return out
 
 
+def hub_snapshot(name: str) -> Optional[Path]:
+    """The Hugging Face cache's snapshot of hub id ``name`` (its ``main`` revision, else the newest
+    one holding a config.json); None when it is not there. Never the network."""
+    import os
+
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    repo = hub.expanduser() / f"models--{name.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip() / "config.json").is_file():
+        return repo / "snapshots" / ref.read_text().strip()
+    found = sorted((repo / "snapshots").glob("*/config.json"), key=lambda f: f.stat().st_mtime)
+    return found[-1].parent if found else None
+
+
+def local_base_model(cfg: PipelineConfig, stages: List[Stage]) -> Optional[str]:
+    """Point the evaluations of the base model at a local directory (`mopd eval run` reads files, not
+    a hub id): ``cfg.model`` itself, or its Hugging Face cache snapshot. Returns why that is not
+    possible (None when it is, or when no evaluation needs it)."""
+    evals = [s for s in stages if isinstance(s, EvalStage) and s.system.model == "base"]
+    if not evals or Path(cfg.model).expanduser().is_dir():
+        return None
+    snapshot = hub_snapshot(cfg.model)
+    if snapshot is None:
+        return (f"model={cfg.model} is neither a local directory nor in the Hugging Face cache, and `mopd eval "
+                f"run` reads the base model's files: `hf download {cfg.model}` (or --local-dir DIR and model=DIR)")
+    for s in evals:
+        s.model_dir = s.inputs[0] = str(snapshot)
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # --dry-run
 # --------------------------------------------------------------------------------------------
@@ -63,6 +93,7 @@ def describe(cfg: PipelineConfig, stages: Optional[List[Stage]] = None) -> str:
     from mopd.pipeline.footprint import footprint, human_bytes
 
     stages = stages if stages is not None else plan(cfg)
+    missing = local_base_model(cfg, stages) if cfg.launcher.kind == "subprocess" else None
     L = cfg.launcher
     where = (f"subprocess launcher; training on {L.gpus} GPU(s) of {L.gpu_gib:.0f} GiB"
              + (f", {L.retriever_gib:g} GiB each held by the retriever" if L.retriever_gib else "")
@@ -81,6 +112,8 @@ def describe(cfg: PipelineConfig, stages: Optional[List[Stage]] = None) -> str:
             unknown.append(s.key)
     lines.append(f"disk in all: {human_bytes(total)} under {cfg.root}"
                  + (f", plus {', '.join(unknown)} (model size unknown)" if unknown else ""))
+    if missing:
+        lines.append(f"the run would stop before its first stage: {missing}")
     return "\n".join(lines)
 
 
@@ -250,6 +283,9 @@ class _Subprocess(_Timed):
     """Each stage's command in its own process (training under ``launcher.train``)."""
 
     def run(self) -> Path:
+        missing = local_base_model(self.cfg, self.stages)
+        if missing:   # before days of training, not after
+            raise PipelineError(missing)
         self.log(describe(self.cfg, self.stages).splitlines()[0])
         evals = _by_type(self.stages, EvalStage)
         for s in self.stages:

@@ -95,3 +95,19 @@ def test_the_readmes_pipeline_commands_plan_without_loading(nothing_loads, capsy
     for argv in commands:
         assert main([*argv, "--dry-run"] if "--dry-run" not in argv else argv) == 0
     assert "pipeline paper: 12 stages under runs/paper" in capsys.readouterr().out
+
+
+def test_the_base_models_evaluations_read_its_hugging_face_cache_snapshot(nothing_loads, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["pipeline", "paper", "--dry-run"]) == 0
+    assert "the run would stop before its first stage: model=Qwen/Qwen3-4B-Instruct-2507 is neither a local" in \
+        capsys.readouterr().out
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-4B-Instruct-2507"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    assert main(["pipeline", "paper", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"mopd eval run --model {repo / 'snapshots' / 'abc123'} --workflow") == 2   # C-MAS and H-MAS base
+    assert "would stop" not in out
