@@ -79,20 +79,20 @@ def test_a_pipeline_from_yaml_runs_end_to_end_then_reuses_every_stage(tiny, tmp_
 def test_an_interrupted_stage_resumes_from_its_checkpoint(tiny, monkeypatch):
     from mopd.train.trainer import PolicyTrainer
 
-    fit_step = PolicyTrainer._fit_step
+    train_step = PolicyTrainer.train_step
 
-    def interrupted_after_step_1(self, target, bar):
+    def interrupted_after_step_1(self):
         if self.step == 1 and self.run_dir.name == "stage1":
-            raise KeyboardInterrupt   # Ctrl-C (or SIGTERM) during Stage I's second step
-        return fit_step(self, target, bar)
+            raise KeyboardInterrupt   # Ctrl-C (or SIGTERM) as Stage I's second step starts
+        return train_step(self)
 
-    monkeypatch.setattr(PolicyTrainer, "_fit_step", interrupted_after_step_1)
+    monkeypatch.setattr(PolicyTrainer, "train_step", interrupted_after_step_1)
     root = Path(tiny.root)
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(tiny)
     assert not (root / "stage1" / "DONE").exists() and not (root / "stage2").exists()
     assert [p.name for p in (root / "stage1" / "checkpoints").glob("step_*")] == ["step_000001"]
-    monkeypatch.setattr(PolicyTrainer, "_fit_step", fit_step)
+    monkeypatch.setattr(PolicyTrainer, "train_step", train_step)
     run_pipeline(tiny)
     events = [json.loads(x) for x in (root / "stage1" / "events.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "resume" and e["step"] == 1 and "resumed from" in e["message"] for e in events)
