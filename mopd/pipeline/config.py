@@ -175,6 +175,18 @@ class ReportSettings:
         _positive("report.draws", self.draws)
 
 
+def _flag(command: str, name: str) -> Optional[str]:
+    """The value of torchrun's ``--NAME`` (or ``--NAME-WITH-DASHES``) in ``command``, if given."""
+    words = shlex.split(command)
+    for flag in (f"--{name}", f"--{name.replace('_', '-')}"):
+        for i, w in enumerate(words):
+            if w.startswith(flag + "="):
+                return w.split("=", 1)[1]
+            if w == flag and i + 1 < len(words):
+                return words[i + 1]
+    return None
+
+
 @dataclass
 class LauncherConfig:
     kind: str = "inprocess"
@@ -211,14 +223,11 @@ class LauncherConfig:
             _positive(f"launcher.{name}", getattr(self, name))
         _positive("launcher.gpu_gib", self.gpu_gib)
         _positive("launcher.retriever_gib", self.retriever_gib, allow_zero=True)
-        words = shlex.split(self.train)
-        for flag in ("--nproc_per_node", "--nproc-per-node"):
-            for i, w in enumerate(words):
-                n = w.split("=", 1)[1] if w.startswith(flag + "=") else (words[i + 1] if w == flag and i + 1 < len(words)
-                                                                          else None)
-                if n is not None and n.isdigit() and int(n) != self.gpus:
-                    raise ConfigError(f"launcher.train starts {n} processes per node but launcher.gpus={self.gpus}: "
-                                      "the memory plan needs the GPUs a stage runs on")
+        per_node, nodes = _flag(self.train, "nproc_per_node"), _flag(self.train, "nnodes") or "1"
+        if per_node and per_node.isdigit() and nodes.isdigit() and int(per_node) * int(nodes) != self.gpus:
+            raise ConfigError(f"launcher.train starts {int(per_node) * int(nodes)} processes ({nodes} node(s) x "
+                              f"{per_node}) but launcher.gpus={self.gpus}: the memory plan needs the GPUs a stage "
+                              "runs on")
 
 
 @dataclass
