@@ -109,8 +109,10 @@ def _eval_memory(stage: EvalStage, cfg: PipelineConfig) -> str:
     if r.engine == "vllm":
         share = getattr(r, "vllm_memory_share", None)
         util = share() if share else (r.gpu_memory_utilization or 0.85)
-        return (f"vLLM's share: gpu_memory_utilization {util} x {cfg.launcher.gpu_gib:.0f} GiB = "
-                f"{util * cfg.launcher.gpu_gib:.0f} GiB (weights + KV cache) on its GPU")
+        text = (f"vLLM on one GPU: gpu_memory_utilization {util} x {cfg.launcher.gpu_gib:.0f} GiB = "
+                f"{util * cfg.launcher.gpu_gib:.0f} GiB (weights + KV cache)")
+        return text if r.gpu_memory_utilization else text.replace("vLLM on one GPU: ", "vLLM on one GPU, at most ") + \
+            "; `mopd eval run` takes what is free there"
     n, _ = parameters(stage.model_dir if Path(stage.model_dir).is_dir() else cfg.model)
     weights = f"{2 * n / GIB:.1f} GiB of 16-bit weights" if n else "the 16-bit weights"
     return f"{weights} + the KV cache of its batch (HF engine, one GPU)"
