@@ -4,7 +4,6 @@ side by side with the same weights as one after the other, read at their last st
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
