@@ -66,8 +66,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (UserError, ConfigError, RecordError, DataError, FileNotFoundError) as e:
         print(f"mopd {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"mopd {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        from mopd.core.errors import Interrupted
+
+        detail = f": {e}" if isinstance(e, Interrupted) and str(e) else ""
+        print(f"mopd {args.command}: interrupted{detail}", file=sys.stderr)
         return 130
     return int(rc or 0)
 

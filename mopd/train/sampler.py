@@ -1,8 +1,14 @@
-"""Seeded question order with a resumable position (each epoch a fresh permutation)."""
+"""Seeded question order with a resumable position (each epoch a fresh permutation).
+
+The trainer deals a step's questions with :meth:`QuestionSampler.peek` and moves the position on
+with :meth:`QuestionSampler.commit` only once that step's update is applied: a step stopped before
+(a lost retriever, Ctrl-C, SIGTERM) leaves the position where the last finished step left it, so
+its checkpoint deals the same questions again on ``--resume``.
+"""
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -20,17 +26,33 @@ class QuestionSampler:
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
-    def next_indices(self) -> List[int]:
+    def peek_indices(self) -> Tuple[List[int], dict]:
+        """This rank's indices of the next step and the position after it; the position stays."""
         out: List[int] = []
-        perm = self._perm(self.epoch)
+        epoch, pos = self.epoch, self.pos
+        perm = self._perm(epoch)
         while len(out) < self.per_step:
-            if self.pos >= self.n:
-                self.epoch, self.pos = self.epoch + 1, 0
-                perm = self._perm(self.epoch)
-            take = min(self.per_step - len(out), self.n - self.pos)
-            out.extend(perm[self.pos:self.pos + take])
-            self.pos += take
-        return out[self.rank::self.world]
+            if pos >= self.n:
+                epoch, pos = epoch + 1, 0
+                perm = self._perm(epoch)
+            take = min(self.per_step - len(out), self.n - pos)
+            out.extend(perm[pos:pos + take])
+            pos += take
+        return out[self.rank::self.world], {"epoch": epoch, "pos": pos}
+
+    def peek(self, items: Sequence) -> Tuple[list, dict]:
+        """The next step's items and the position after them (give it to :meth:`commit`)."""
+        indices, after = self.peek_indices()
+        return [items[i] for i in indices], after
+
+    def commit(self, after: dict) -> None:
+        """The step dealt by :meth:`peek` is done: move the position past it."""
+        self.load_state_dict(after)
+
+    def next_indices(self) -> List[int]:
+        indices, after = self.peek_indices()
+        self.commit(after)
+        return indices
 
     def take(self, items: Sequence):
         return [items[i] for i in self.next_indices()]

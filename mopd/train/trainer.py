@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.algo.advantages import role_specs, step_advantages
 from mopd.config import ROLLOUT_LOGPROBS_BF16, Config, ConfigError, to_dict, to_yaml
+from mopd.core.errors import Interrupted
 from mopd.core.roles import role_names
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.train import checkpoint as ckpt
@@ -33,6 +34,7 @@ from mopd.train.learning_signal import (ALL_INVALID, all_invalid, counts_tensor,
 from mopd.train.metrics_log import MetricsLogger, plot_training
 from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
+from mopd.train.interrupts import StopSignals
 from mopd.train.sampler import QuestionSampler
 from mopd.train.step_batches import StepBatches, pack_records
 from mopd.train.step_metrics import LossStats, PhaseTimer, step_metrics
@@ -119,6 +121,16 @@ class PolicyTrainer:
         self._bar = None
         self._saved_step: Optional[int] = None
         """The step of the last checkpoint this trainer wrote (a best validation re-uses it)."""
+        self._pending: Optional[Dict[str, float]] = {}
+        """The metrics of the last finished step while its validation, log line and checkpoints are
+        still to come (``{}`` at step 0: the first validation); None once they are done."""
+        self._finished: dict = {}
+        """What the last finished step left: data position, RNG states, counters, ``_pending``
+        (``_mark_finished``); an interrupted step is rewound to it before a checkpoint is written."""
+        self._weights_moved = False
+        """Whether an optimizer update has touched the weights since the last finished step: such
+        weights are never saved as a finished step."""
+        self._signals = StopSignals(say=_stderr_line if self.rank == 0 else (lambda line: None))
         self.logger = MetricsLogger(self.run_dir, cfg.trainer.tensorboard, cfg.trainer.wandb_project,
                                     to_dict(cfg), enabled=self.rank == 0)
         if self.rank == 0:
@@ -193,7 +205,9 @@ class PolicyTrainer:
         return {"sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "bad_steps": self.bad_steps, "signalless_steps": self.signalless_steps,
                 "model_path": self.cfg.model.path, "method": self.cfg.method,
-                "base_model_weights": ckpt.run_base_model_weights(self.run_dir)}
+                "base_model_weights": ckpt.run_base_model_weights(self.run_dir),
+                # a step whose validation or log line was cut off: --resume does them first
+                "pending": None if self._pending is None else {k: float(v) for k, v in self._pending.items()}}
 
     def save(self) -> Path:
         from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
@@ -202,7 +216,13 @@ class PolicyTrainer:
         try:
             path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.trainer_state(),
                                         keep=self.cfg.trainer.keep_checkpoints)
-        except (OSError, RuntimeError, CheckpointException) as e:   # DCP wraps a rank's error in the last
+        except (OSError, RuntimeError, CheckpointException, KeyboardInterrupt) as e:   # DCP wraps a rank's error
+            if _is_interrupt(e):
+                # a second Ctrl-C (DCP wraps its KeyboardInterrupt): the partial save was removed
+                # and the older checkpoints were not touched
+                kept = (f"the previous checkpoint {previous[-1].name} is intact" if previous else
+                        "no checkpoint of this run exists yet")
+                raise Interrupted(f"stopped while checkpoint step {self.step} was written; {kept}") from None
             need = _dir_bytes(previous[-1]) if previous else checkpoint_bytes(self.cfg.model.path)
             if not is_out_of_space(e, self.run_dir, need):
                 raise
@@ -250,17 +270,31 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.bad_steps = int(state.get("bad_steps", 0))
         self.signalless_steps = int(state.get("signalless_steps", 0))
+        # a checkpoint written while its step's validation or log line was still to come: fit()
+        # does them first, and the step's line (if a second Ctrl-C came after it) is written again
+        self._pending = state.get("pending")
+        self._saved_step = self.step if self._pending is None else None
         self._refresh_engine()
         if self.rank == 0:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.step - (self._pending is not None))
         self.logger.event(self.step, "resume", f"resumed from {path}")
         return path
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> Dict[str, float]:
-        """One step: rollout, scoring and advantages, PPO updates, engine refresh; returns its metrics."""
+        """One step: rollout, scoring and advantages, PPO updates, engine refresh; returns its metrics.
+
+        A step is dealt when it is done: its questions are taken from the sampler without moving
+        the data position, which moves (with the step counter) only once the updates are applied.
+        Until the first update nothing of the run's state has changed but the RNGs, so a step cut
+        short there (a lost retriever, a signal) is rewound to the last finished one
+        (``_save_finished``); from the first update to the end of the step a signal waits
+        (``StopSignals.deferred``), so that weights which a step has partly updated are never
+        saved as a finished step."""
         cfg, timer = self.cfg, PhaseTimer()
-        questions = self.sampler.take(self.train_questions)
+        self._pending = None
+        self._mark_finished()
+        questions, dealt = self.sampler.peek(self.train_questions)
         with timer("rollout"):
             settings = WorkflowSettings.for_training(cfg, self._step_seed())
             records = self.rollout(questions, settings, attempts=cfg.rollout.group_size)
@@ -273,19 +307,47 @@ class PolicyTrainer:
             rewards, advantages = step_advantages(cfg, records, kl_sums, judge)
             step.fill_advantages(advantages)
             signal = self._signal_counts(records, step.batches)
-        with timer("train"):
-            losses = self.update(step.batches)
-        self.scheduler.step()
-        self._refresh_engine()
-        self.step += 1
-        m = step_metrics(records, rewards, step.batches, losses, timer, self._scoring_passes())
-        if getattr(records, "stats", None) is not None:  # engine busy fraction, batch rows, tokens/s
-            m.update(records.stats.as_metrics())
-        m["lr"] = self.scheduler.get_last_lr()[0]
-        if judge is not None:
-            m["critic/unparsable"] = self.unparsable_verdicts
-        m.update(self._check_signal(signal, m))
+        with self._signals.deferred():
+            with timer("train"):
+                losses = self.update(step.batches)
+            self.scheduler.step()
+            self._refresh_engine()
+            self.sampler.commit(dealt)
+            self.step += 1
+            m = step_metrics(records, rewards, step.batches, losses, timer, self._scoring_passes())
+            if getattr(records, "stats", None) is not None:  # engine busy fraction, batch rows, tokens/s
+                m.update(records.stats.as_metrics())
+            m["lr"] = self.scheduler.get_last_lr()[0]
+            if judge is not None:
+                m["critic/unparsable"] = self.unparsable_verdicts
+            m.update(self._check_signal(signal, m))
+            self._pending = m    # finished; its validation, log line and checkpoint are to come
+            self._mark_finished()
         return m
+
+    def _mark_finished(self) -> None:
+        """Remember the state of the last finished step (cheap: positions, counters, RNG states)."""
+        self._finished = {"sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(),
+                          "bad_steps": self.bad_steps, "signalless_steps": self.signalless_steps,
+                          "pending": self._pending}
+        self._weights_moved = False
+
+    def _save_finished(self) -> Optional[Path]:
+        """The checkpoint of the last finished step, for a run that stops in the middle of a step:
+        the step's questions, RNG draws and counters are rewound (its weights are untouched before
+        its first update), then it is saved unless that was already done. None when an update of
+        the unfinished step had begun (only a second Ctrl-C stops there): the previous checkpoint
+        is then kept as it is."""
+        if self._weights_moved:
+            return None
+        f = self._finished
+        if f:
+            self.sampler.load_state_dict(f["sampler"])
+            ckpt.set_rng_state(f["rng"])
+            self.bad_steps, self.signalless_steps, self._pending = f["bad_steps"], f["signalless_steps"], f["pending"]
+        if self._saved_step == self.step and self._pending is None:
+            return self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        return self.save()
 
     def _signal_counts(self, records, batches: List[PackedBatch]) -> List[float]:
         """The step's calls and invalid calls per role, its trained tokens and those with a non-zero
@@ -397,6 +459,7 @@ class PolicyTrainer:
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             applied = bool(torch.isfinite(loss_sum)) and bool(torch.isfinite(grad_norm))
             if applied:
+                self._weights_moved = True    # before: a cut optimizer step leaves weights half-updated
                 self.optimizer.step()
                 self.bad_steps = 0
             else:
@@ -411,9 +474,12 @@ class PolicyTrainer:
                           consecutive=self.bad_steps)
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
             self.optimizer.zero_grad(set_to_none=True)
-            path = self.save()
-            raise TrainingError(f"{self.bad_steps} non-finite updates in a row at step {self.step}; "
-                                f"stopped (checkpoint {path}). Lower trainer.lr or check the data.")
+            bad, at = self.bad_steps, self.step + 1
+            path = self._save_finished()   # the last finished step's, this one's questions dealt again
+            kept = f"checkpoint {path}" if path is not None else \
+                f"an update of step {at} was applied before, so it is not saved: {self._kept_line()}"
+            raise TrainingError(f"{bad} non-finite updates in a row in step {at}; stopped ({kept}). "
+                                "Lower trainer.lr or check the data.")
 
     def _judge(self, records) -> Optional[Dict]:
         """The prompted critic's verdicts on every Searcher report (the current policy judges), when a
@@ -470,9 +536,13 @@ class PolicyTrainer:
 
     def fit(self, steps: Optional[int] = None) -> Dict[str, float]:
         """Train until ``steps`` (default trainer.steps); checkpoints, validation, logs, plots.
-        Ctrl-C or SIGTERM writes a checkpoint and stops."""
-        from mopd.train.interrupts import sigterm_as_interrupt
 
+        A lost retriever, Ctrl-C or SIGTERM stops the run with the checkpoint of the last
+        finished step (``_save_finished``), so that ``--resume`` repeats exactly what the
+        uninterrupted run does. A signal after a step's first update waits until that step is
+        finished (one line says so), then stops the same way; a second Ctrl-C stops at once and
+        keeps the previous checkpoint. A signal or a lost retriever during a validation saves the
+        finished step with its validation still to run, which ``--resume`` runs first."""
         cfg = self.cfg.trainer
         target = steps if steps is not None else cfg.steps
         if self.step > target:
@@ -482,48 +552,89 @@ class PolicyTrainer:
                                 "be shortened; train into a new out_dir, or ask for at least that many steps")
         last: Dict[str, float] = {}
         bar = self._bar = self._progress_bar(target)
-        interrupted = False
+        stop: Optional[BaseException] = None
         try:
-            with sigterm_as_interrupt():
-                if self.step == 0 and cfg.val_every and self.dev_questions:
-                    self.logger.log(0, self.validate())
+            with self._signals:
+                self._mark_finished()
+                if self._pending is not None:   # the first validation, or one a resume still owes
+                    last = self._finish_step(self._pending, target, bar)
                 while self.step < target:
-                    last = self._fit_step(target, bar)
-        except KeyboardInterrupt:
-            interrupted = True
-            self.logger.event(self.step, "interrupt", "interrupted (Ctrl-C or SIGTERM): writing a checkpoint")
+                    last = self._finish_step(self.train_step(), target, bar)
+                with self._signals.deferred():
+                    if self._saved_step != self.step:   # not when this step's checkpoint exists
+                        self.save()
+        except Interrupted:
+            raise    # a second Ctrl-C while a checkpoint was written: said, and nothing more to save
+        except KeyboardInterrupt as e:
+            stop = e
         except _retriever_errors() as e:
-            path = self.save()
-            raise TrainingError(f"the retriever is unreachable ({e}); stopped at step {self.step}, "
-                                f"checkpoint {path}. Restart the server and resume with --resume.") from None
+            stop = e
         finally:
             if bar is not None:
                 bar.close()
             self._bar = None
-        if self._saved_step != self.step:   # not when this step's checkpoint exists
-            self.save()
+        if stop is not None:
+            self._stop(stop)
         if self.rank == 0:
             plot_training(self.run_dir)
-        if interrupted:
-            raise KeyboardInterrupt
         return last
 
-    def _fit_step(self, target: int, bar) -> Dict[str, float]:
+    def _stop(self, cause: BaseException) -> None:
+        """Save the last finished step (when the weights are still its own) and raise the line
+        that says what was kept: ``Interrupted`` after a signal, ``TrainingError`` after a lost
+        retriever. Runs outside the signal handlers: a second Ctrl-C during the save is said by
+        ``save`` (the previous checkpoint stays intact)."""
+        at = self.step
+        if isinstance(cause, KeyboardInterrupt):
+            self.logger.event(self.step, "interrupt", f"interrupted ({cause}): writing a checkpoint")
+        path = self._save_finished()
+        if self.rank == 0:
+            plot_training(self.run_dir)
+        if path is None:
+            kept = (f"step {at + 1} had applied an update, which is not saved; {self._kept_line()}; "
+                    "resume with --resume")
+        else:
+            owed = ", its validation still to run" if self._pending is not None else ""
+            kept = f"checkpoint {path} holds step {self.step}, the last finished one{owed}; resume with --resume"
+        if isinstance(cause, KeyboardInterrupt):
+            raise Interrupted(kept) from None
+        raise TrainingError(f"the retriever is unreachable ({cause}); stopped at step {self.step}: {kept} once "
+                            "the server is back") from None
+
+    def _kept_line(self) -> str:
+        found = ckpt.list_checkpoints(self.run_dir)
+        return f"the last checkpoint, {found[-1]}, is kept" if found else "no checkpoint was written"
+
+    def _finish_step(self, m: Dict[str, float], target: int, bar) -> Dict[str, float]:
+        """What follows a finished step (``m``, its metrics; step 0: the first validation): its
+        validation, where a signal or a lost retriever stops the run with this step saved and the
+        validation owed; then, uncut by signals, its log line, its periodic and best checkpoints."""
         cfg = self.cfg.trainer
-        m = self.train_step()
         val: Dict[str, float] = {}
+        if self.step == 0:
+            if cfg.val_every and self.dev_questions:
+                val = self.validate()
+            with self._signals.deferred():
+                if val:
+                    self.logger.log(0, val)
+                self._pending = None
+                self._mark_finished()
+            return {}
         if cfg.val_every and (self.step % cfg.val_every == 0 or self.step == target):
             val = self.validate()
-            m.update(val)
-        if self.step % cfg.log_every == 0 or self.step == target:
-            self.logger.log(self.step, m)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix({k.split("/")[-1]: f"{m[k]:.3g}" for k in
-                             ("rollout/em", "val/em", "rollout/search_per_workflow") if k in m})
-        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < target:
-            self.save()
-        self._keep_if_best(val)
+        with self._signals.deferred():
+            m = {**m, **val}
+            if self.step % cfg.log_every == 0 or self.step == target:
+                self.logger.log(self.step, m)
+            self._pending = None
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({k.split("/")[-1]: f"{m[k]:.3g}" for k in
+                                 ("rollout/em", "val/em", "rollout/search_per_workflow") if k in m})
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < target:
+                self.save()
+            self._keep_if_best(val)
+            self._mark_finished()
         return m
 
     def _progress_bar(self, target: int):
@@ -596,6 +707,22 @@ def _loss_head(cfg: Config):
 
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _is_interrupt(e: BaseException) -> bool:
+    """A KeyboardInterrupt, or DCP's CheckpointException around one (on any rank)."""
+    if isinstance(e, KeyboardInterrupt):
+        return True
+    failures = getattr(e, "failures", None) if isinstance(e, CheckpointException) else None
+    return any(isinstance(f[0], KeyboardInterrupt) for f in (failures or {}).values()
+               if isinstance(f, tuple) and f)
+
+
+def _stderr_line(line: str) -> None:
+    """One line on stderr from a signal handler (os.write: a handler may run inside a print)."""
+    import os
+
+    os.write(2, (line + "\n").encode())
 
 
 def _retriever_errors():
