@@ -19,6 +19,7 @@ finished).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -286,17 +287,34 @@ BEST_FILE = "best.json"
 
 
 def read_best(run_dir: str | os.PathLike) -> dict | None:
-    """``{"step", "metric", "value"}`` of the best-validation checkpoint, if one was marked."""
-    f = Path(run_dir) / "checkpoints" / BEST_FILE
+    """``{"step", "metric", "value"}`` of the best-validation checkpoint, if one was marked (a
+    malformed ``best.json`` counts as none: :func:`best_problem` says what is wrong with it)."""
+    return _parse_best(Path(run_dir) / "checkpoints" / BEST_FILE)[0]
+
+
+def best_problem(run_dir: str | os.PathLike) -> str | None:
+    """Why the run's ``checkpoints/best.json`` cannot be read (None when it is fine or absent)."""
+    return _parse_best(Path(run_dir) / "checkpoints" / BEST_FILE)[1]
+
+
+def _parse_best(f: Path) -> tuple[dict | None, str | None]:
+    if not f.exists():
+        return None, None
     try:
-        return json.loads(f.read_text()) if f.is_file() else None
-    except ValueError:
-        return None
+        b = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:   # a directory, unreadable, not UTF-8, not JSON
+        return None, f"{f} is malformed ({type(e).__name__}: {str(e)[:80]})"
+    step, value = (b.get("step"), b.get("value")) if isinstance(b, dict) else (None, None)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None, f"{f} is malformed (no step number: {json.dumps(b)[:80]})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None, f"{f} is malformed (no finite value: {json.dumps(b)[:80]})"
+    return {"step": step, "metric": str(b.get("metric", "")), "value": float(value)}, None
 
 
 def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     b = read_best(run_dir)
-    return Path(run_dir) / "checkpoints" / f"step_{int(b['step']):06d}" if b else None
+    return Path(run_dir) / "checkpoints" / f"step_{b['step']:06d}" if b else None
 
 
 def is_new_best(run_dir: str | os.PathLike, value: float, higher_is_better: bool = True) -> bool:
@@ -343,7 +361,9 @@ def select_checkpoint(path: str | os.PathLike, which: str = "best", model=None) 
         found = best_checkpoint(path)
         if found is None:
             which = "latest"
-            notes.append(f"{path} has no best-validation checkpoint (the run never validated): exporting the latest")
+            problem = best_problem(path)
+            notes.append(f"{problem}: treated as no best-validation checkpoint; exporting the latest" if problem else
+                         f"{path} has no best-validation checkpoint (the run never validated): exporting the latest")
     if which == "latest":
         found, skipped = find_checkpoint(path, model)
         if found is None:
@@ -372,33 +392,28 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict) -> Pat
     export marker ``source`` (:func:`mopd.train.export_target.marker`).
 
     The caller has checked the target (:func:`mopd.train.export_target.check_export_target`): new,
-    empty, or an earlier export of the same run. The model is written into a fresh hidden sibling
-    directory (its marker first), which then takes the target's place; an earlier export is moved
-    aside and deleted only once the new one is in place, so a kill leaves one complete copy."""
-    from mopd.train.export_target import EXPORT_MARKER
+    empty, or an earlier export of the same run, after :func:`mopd.train.export_target.repair_export`
+    put back or removed what an interrupted export left. The model is written into a fresh hidden
+    sibling directory (its marker first), which then takes the target's place
+    (:func:`mopd.train.export_target.install_export`): at every instant the target holds the
+    earlier export or the new one, or, where the filesystem cannot exchange two directories, what
+    the next export or ``mopd export --repair`` puts back."""
+    from mopd.train.export_target import EXPORT_MARKER, NEW_PREFIX, install_export, repair_export
 
     out = Path(out_dir)
     sd = full_model_state_dict(model)
     if _rank() == 0:
         out.parent.mkdir(parents=True, exist_ok=True)
-        for stale in out.parent.glob(f".{out.name}.export-*"):   # left by a killed export (marked as ours)
-            if (stale / EXPORT_MARKER).is_file():
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+        repair_export(out)
+        tmp = Path(tempfile.mkdtemp(prefix=NEW_PREFIX.format(name=out.name), dir=out.parent))
         try:
             (tmp / EXPORT_MARKER).write_text(json.dumps(source, indent=1), encoding="utf-8")
             model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            aside = None
-            if out.exists():
-                aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-old-", dir=out.parent))
-                os.replace(out, aside / "old")
-            os.replace(tmp, out)
+            install_export(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
     _barrier()
     return out
 
@@ -440,16 +455,20 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mopd.core.model_dir import model_dir_problem
-    from mopd.train.export_target import ExportTargetError, check_export_target, marker, run_of
+    from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export, run_of
 
     src = Path(ckpt_dir)
     if not src.is_dir():
         raise CheckpointError(f"{src} does not exist (expected a run directory or RUN/checkpoints/step_N)")
     run = run_of(src)
     try:
+        for line in repair_export(out_dir):   # before the check: the target may be an interrupted export's
+            log(line)
         check_export_target(out_dir, run)
     except ExportTargetError as e:
         raise CheckpointError(str(e)) from None
+    except OSError as e:
+        raise CheckpointError(f"--out {out_dir}: what an interrupted export left cannot be repaired: {e}") from None
     base_model_path = base_model_path or recorded_base_model(src)
     if not base_model_path:
         raise CheckpointError(f"{src} does not record its base model; pass --base-model DIR")

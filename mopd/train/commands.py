@@ -54,6 +54,10 @@ def register(sub) -> None:
     e.add_argument("--base-model", default=None,
                    help="architecture/tokenizer source (default: the run's model.path in run.json, else the one "
                         "recorded in the checkpoint); a checkpoint that does not fit it is skipped or refused")
+    e.add_argument("--repair", action="store_true",
+                   help="only put back or remove what an interrupted export to --out left beside it (the earlier "
+                        "export moved into a hidden .NAME.export-old-* folder, an unfinished .NAME.export-*), then "
+                        "stop; every export does this first")
     e.set_defaults(func=_export)
     _register_plan(sub)
 
@@ -140,6 +144,8 @@ def _export(args) -> int:
         except OSError:                  # a read-only run (a published one): nothing writes it either
             lock = None
     try:
+        if args.repair:
+            return _repair_export(args.out)
         out = export_checkpoint(args.checkpoint, args.out, args.base_model, which=args.which, log=print)
     except CheckpointError as e:
         raise UserError(str(e)) from None
@@ -147,6 +153,20 @@ def _export(args) -> int:
         if lock is not None:
             lock.release()
     print(f"exported {out}")
+    return 0
+
+
+def _repair_export(out: str) -> int:
+    """`mopd export RUN --out DIR --repair`: what an interrupted export to DIR left, put back or removed."""
+    from mopd.core.errors import UserError
+    from mopd.train.export_target import repair_export
+
+    try:
+        lines = repair_export(out)
+    except OSError as e:
+        raise UserError(f"--out {out}: what an interrupted export left cannot be repaired: {e}") from None
+    for line in lines or [f"nothing to repair: no interrupted export beside {out}"]:
+        print(line)
     return 0
 
 

@@ -238,6 +238,11 @@ class PolicyTrainer:
         v = val.get("val/em")
         if v is None or not self.cfg.trainer.checkpoint_every or not ckpt.is_new_best(self.run_dir, v):
             return
+        problem = ckpt.best_problem(self.run_dir)
+        if problem:   # counted as no best: this validation's checkpoint becomes the best
+            line = f"{problem}: treated as no best-validation checkpoint; step {self.step} replaces it"
+            self.logger.event(self.step, "checkpoint_best", line)
+            self._say(line)
         if self._saved_step != self.step:
             self.save()
         ckpt.mark_best(self.run_dir, self.step, "val/em", v)
@@ -650,18 +655,25 @@ class PolicyTrainer:
         ("last") or of the best-validation checkpoint ("best", the paper's model selection; the
         current weights when no validation marked one). "best" loads those weights into the model:
         call it when training is over."""
-        from mopd.train.export_target import ExportTargetError, check_export_target, marker
+        from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export
 
         if which not in ("last", "best"):
             raise ValueError(f"export {which!r}: choose last or best")
         try:
+            if self.rank == 0:   # before the check: the target may be what an interrupted export left
+                for line in repair_export(out_dir):
+                    self._say(line)
+            ckpt._barrier()
             check_export_target(out_dir, self.run_dir, flag="--export")
         except ExportTargetError as e:
             raise TrainingError(str(e)) from None
         best = ckpt.read_best(self.run_dir) if which == "best" else None
+        if which == "best" and best is None and ckpt.best_problem(self.run_dir):
+            self._say(f"{ckpt.best_problem(self.run_dir)}: treated as no best-validation checkpoint; exporting "
+                      "the current weights")
         step, source = self.step, "the current weights"
         if best is not None and best["step"] != self.step:
-            step, source = int(best["step"]), str(ckpt.best_checkpoint(self.run_dir).resolve())
+            step, source = best["step"], str(ckpt.best_checkpoint(self.run_dir).resolve())
             ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), self.model)
         return ckpt.export_hf(self.model, self.tokenizer, out_dir, marker(self.run_dir, source, step))
 
