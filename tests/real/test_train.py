@@ -43,7 +43,7 @@ def check_step(row, printed):
     assert math.isfinite(row["loss/total"]) and row["perf/train_tokens_per_s"] > 0
     # pi_old is recomputed by the trainer; the engine's sampling log-probs of the same tokens must
     # agree (float32 on CPU): a token the engine saw differently from the trainer would not
-    assert row["rollout_logprob_gap"] < 0.02, row["rollout_logprob_gap"]
+    assert row["rollout_logprob_gap"] < 1e-3, row["rollout_logprob_gap"]   # measured: 1e-5 on both engines
     if row["rollout/invalid_call_frac"] == 1.0:   # zero-shot SmolLM2 often writes no valid action
         assert "no learning signal" in printed, printed
 
