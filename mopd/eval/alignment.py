@@ -103,7 +103,7 @@ def align_runs(records_by_system: Mapping[str, Sequence[WorkflowRecord]],
         dropped = {s: len(records_by_system[s]) - kept for s in systems}
     else:
         keep, attempts = _check_complete(systems, index)
-    _check_gold_answers(systems, index, keep)
+    _check_same_questions(systems, index, keep)
     datasets = sorted({d for d, _ in keep})
     d_id = {d: i for i, d in enumerate(datasets)}
     return AlignedRuns(
@@ -135,17 +135,26 @@ def _check_complete(systems: List[str], index) -> Tuple[List[QuestionKey], List[
     return all_q, all_attempts
 
 
-def _check_gold_answers(systems: List[str], index, keep: Sequence[QuestionKey]) -> None:
-    """Every record of a question carries the same gold answers (as a set): the same ids with other
-    answers mean the runs were made on different test files, and their EM cannot be compared."""
+def _check_same_questions(systems: List[str], index, keep: Sequence[QuestionKey]) -> None:
+    """Every record of a question carries the same question text and the same gold answers (as a
+    set): the same ids with another text or other answers mean the runs were made on different
+    test files, and their EM cannot be compared."""
     for q in keep:
         first = None
         for s in systems:
             for a, r in sorted(index[s][q].items()):
                 gold = sorted(set(r.answers))
                 if first is None:
-                    first = (s, a, gold)
+                    first = (s, a, gold, r.question)
+                elif r.question != first[3]:
+                    raise EvalError(f"question {q[0]}/{q[1]} reads {_cut(r.question)} in system {s!r} (attempt {a}) "
+                                    f"but {_cut(first[3])} in system {first[0]!r} (attempt {first[1]}): the runs were "
+                                    "made on different test files")
                 elif gold != first[2]:
                     raise EvalError(f"question {q[0]}/{q[1]} has gold answers {gold} in system {s!r} (attempt {a}) "
                                     f"but {first[2]} in system {first[0]!r} (attempt {first[1]}): the runs were "
                                     "made on different test files")
+
+
+def _cut(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")

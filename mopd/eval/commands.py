@@ -69,7 +69,7 @@ def _run(args) -> int:
     from mopd.core.fingerprint import model_fingerprint
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
-    from mopd.eval.runner import EvalPlan, check_continuation, run_evaluation
+    from mopd.eval.runner import EvalPlan, check_continuation, manifest_fingerprint, run_evaluation
     from mopd.rollout.run_state import WorkflowSettings
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
@@ -84,6 +84,7 @@ def _run(args) -> int:
         questions, _ = load_questions(args.manifest, skip_malformed=cfg.data.skip_malformed)
     except DataError as e:
         raise UserError(str(e)) from None
+    manifest = manifest_fingerprint(questions)    # all of them: a continued run may raise --limit
     if args.limit is not None:
         questions = questions[:args.limit]
     if not questions:
@@ -122,7 +123,8 @@ def _run(args) -> int:
         plan = EvalPlan(args.out, WorkflowSettings.for_evaluation(cfg, args.workflow), attempts=attempts,
                         method=method, chunk_questions=args.chunk, keep_token_ids=args.keep_token_ids,
                         run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
-                        model=model_fingerprint(args.model), retriever=retriever_id, engine=cfg.rollout.engine)
+                        model=model_fingerprint(args.model), retriever=retriever_id, engine=cfg.rollout.engine,
+                        manifest=manifest)
         check_continuation(plan)
     except EvalError as e:
         raise UserError(str(e)) from None

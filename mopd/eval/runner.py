@@ -10,7 +10,11 @@ appended to ``OUT/records.jsonl`` and fsynced. On a restart the file is read bac
 line (a kill mid-write) is cut off, records of questions that do not have all K attempts are
 dropped, and only the questions not yet complete are run. ``OUT/run.json`` keeps the settings of the
 run; a restart with different settings (workflow, attempts, sampling, the model, the retriever and
-its index, the engine) is refused rather than mixed.
+its index, the engine, the manifest's questions) is refused rather than mixed.
+
+One writer: an evaluation holds ``OUT/.mopd.lock`` (:mod:`mopd.core.run_lock`) while it runs, so a
+second one into the same OUT is refused in one line; a records file that holds a workflow twice
+anyway (written before the lock, or by hand) keeps its first record of it.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from mopd.core.atomic import atomic_write_json
 from mopd.core.records import RecordError, WorkflowRecord, write_records
+from mopd.core.run_lock import RunLock, RunLocked
 from mopd.eval.alignment import EvalError
 from mopd.eval.loading import RECORDS_FILE
 from mopd.rollout.run_state import WorkflowSettings
 
 RUN_FILE = "run.json"
-RECORDED_SINCE = ("retriever_", "engine")
+RECORDED_SINCE = ("retriever_", "engine", "manifest")
 """Settings that run.json files of older evaluations lack (not compared when absent there)."""
 RunWorkflows = Callable[..., List[WorkflowRecord]]
 """``run_workflows(engine, retriever, tokenizer, questions, settings, *, attempts, method, progress)
@@ -64,6 +69,11 @@ class EvalPlan:
     not one evaluation."""
     engine: str = ""
     """The rollout engine (``rollout.engine``); part of the fixed settings (engines sample differently)."""
+    manifest: str = ""
+    """The fingerprint of the manifest's questions (:func:`manifest_fingerprint`: ids, datasets,
+    texts, gold answers; ``mopd eval run`` takes all of the manifest's, before ``--limit``); part of
+    the fixed settings: records of an edited test file are not one evaluation. Empty: not
+    compared (a caller that evaluates a fixed question list, as the pipeline does)."""
 
     def __post_init__(self):
         if self.attempts < 1 or self.chunk_questions < 1:
@@ -78,7 +88,20 @@ class EvalPlan:
         model = {f"model_{k}": v for k, v in self.model.items()}
         retriever = {f"retriever_{k}": v for k, v in self.retriever.items()}
         engine = {"engine": self.engine} if self.engine else {}
-        return {"attempts": self.attempts, "method": self.method, **model, **retriever, **engine, **fixed}
+        manifest = {"manifest": self.manifest} if self.manifest else {}
+        return {"attempts": self.attempts, "method": self.method, **model, **retriever, **engine, **manifest,
+                **fixed}
+
+
+def manifest_fingerprint(questions: Sequence) -> str:
+    """sha256 of the questions in order: dataset, id, text and gold answers of each."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for q in questions:
+        h.update(json.dumps([q.dataset, q.id, q.question, list(q.answers)], ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def drop_token_ids(record: WorkflowRecord) -> WorkflowRecord:
@@ -95,7 +118,9 @@ def read_finished(path: Path, attempts: int) -> Tuple[List[WorkflowRecord], Set[
     """Records of the questions that have all ``attempts`` attempts, and those questions' keys.
 
     A last line that is not valid JSON (a kill mid-write) is cut from the file; an invalid line
-    elsewhere is an error. When incomplete questions are found the file is rewritten without them.
+    elsewhere is an error. A second record of one workflow (question and attempt) is dropped, the
+    first kept. When incomplete questions or such duplicates are found the file is rewritten
+    without them.
     """
     if not path.is_file():
         return [], set()
@@ -117,11 +142,17 @@ def read_finished(path: Path, attempts: int) -> Tuple[List[WorkflowRecord], Set[
             raise RecordError(f"{path}:{i + 1}: not valid JSON (only a truncated last line is tolerated)") from None
         records.append(WorkflowRecord.from_dict(d, f"{path}:{i + 1}"))
         good_bytes += len(line) + 1
-    by_q: Dict[Tuple[str, str], Set[int]] = {}
+    seen: Set[Tuple[str, str, int]] = set()
+    unique = []
     for r in records:
+        if (r.dataset, r.question_id, r.attempt) not in seen:
+            seen.add((r.dataset, r.question_id, r.attempt))
+            unique.append(r)
+    by_q: Dict[Tuple[str, str], Set[int]] = {}
+    for r in unique:
         by_q.setdefault((r.dataset, r.question_id), set()).add(r.attempt)
     done = {q for q, a in by_q.items() if a == set(range(attempts))}
-    kept = [r for r in records if (r.dataset, r.question_id) in done]
+    kept = [r for r in unique if (r.dataset, r.question_id) in done]
     if len(kept) != len(records):
         write_records(path, kept)
     return kept, done
@@ -142,15 +173,50 @@ def settings_changes(out: Path, settings: dict) -> dict:
 
 def _check_settings(out: Path, settings: dict) -> None:
     diff = settings_changes(out, settings)
+    if "manifest" in diff:
+        old, new = diff["manifest"]
+        raise EvalError(f"{out} holds an evaluation of other questions (the manifest's ids, texts or gold answers "
+                        f"changed: {str(old)[:12]} -> {str(new)[:12]}); use another --out directory, or the "
+                        "manifest it was started with to resume")
     if diff:
         raise EvalError(f"{out} holds a run with other settings {diff} (old, new); "
                         "use another --out directory or the same settings to resume")
 
 
 def check_continuation(plan: EvalPlan) -> None:
-    """Refuse (:class:`EvalError`, one line) a plan whose out_dir holds an evaluation with other fixed
-    settings, before an engine loads; :func:`run_evaluation` checks it again."""
-    _check_settings(plan.out_dir, plan.fixed_settings())
+    """Refuse (:class:`EvalError`, one line) a plan whose out_dir another process is writing, or
+    holds an evaluation with other fixed settings, before an engine loads. From here the out
+    directory's lock is held (:func:`hold_out_dir`) until :func:`run_evaluation` ends, which
+    checks the settings again."""
+    hold_out_dir(plan.out_dir)
+    try:
+        _check_settings(plan.out_dir, plan.fixed_settings())
+    except EvalError:
+        release_out_dir(plan.out_dir)
+        raise
+
+
+_HELD: Dict[Path, RunLock] = {}
+"""The out directories whose one-writer lock this process holds (one evaluation each)."""
+
+
+def hold_out_dir(out: Path) -> None:
+    """Take the one-writer lock of ``out`` (``OUT/.mopd.lock``, :mod:`mopd.core.run_lock`) unless this
+    process holds it already; another process holding it is :class:`EvalError`, one line naming it."""
+    key = Path(out).resolve()
+    if key in _HELD:
+        return
+    try:
+        _HELD[key] = RunLock(out, "mopd eval run")
+    except RunLocked as e:
+        raise EvalError(f"{e} (two evaluations into one --out would both append every record)") from None
+
+
+def release_out_dir(out: Path) -> None:
+    """Drop the lock of ``out`` (and the directory, when the lock made it and nothing else was written)."""
+    lock = _HELD.pop(Path(out).resolve(), None)
+    if lock is not None:
+        lock.release(discard_if_alone=True)
 
 
 def _write_run_file(out: Path, settings: dict, questions: int, finished: int, extra: dict) -> None:
@@ -178,11 +244,23 @@ def run_evaluation(engine, retriever, tokenizer, questions: Sequence, plan: Eval
     """Run the questions not yet finished in ``plan.out_dir`` and return the records file's path.
 
     Records are saved without token ids and sampling log-probs unless ``plan.keep_token_ids``.
+    The out directory's lock is held for the run (:func:`hold_out_dir`; ``mopd eval run`` takes it
+    before its engine loads, with :func:`check_continuation`) and dropped at its end.
     """
     keys = [(q.dataset, q.id) for q in questions]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise EvalError(f"question {dup[0]}/{dup[1]} appears twice in the manifest")
+    hold_out_dir(plan.out_dir)
+    try:
+        return _run_locked(engine, retriever, tokenizer, questions, plan, run_fn, progress, log)
+    finally:
+        release_out_dir(plan.out_dir)
+
+
+def _run_locked(engine, retriever, tokenizer, questions: Sequence, plan: EvalPlan, run_fn: Optional[RunWorkflows],
+                progress: bool, log: Callable[[str], None]) -> Path:
+    keys = [(q.dataset, q.id) for q in questions]
     if run_fn is None:
         from mopd.rollout.async_scheduler import run_rollout as run_fn
     out, attempts, method = plan.out_dir, plan.attempts, plan.method
