@@ -50,11 +50,22 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn:
         raise ModelLoadError(f"model path {path!r} does not exist")
     if use_liger and device.type == "cuda":
         _apply_liger(path)
+    from mopd.core.model_weights import load_failure, tokenizer_problem
+
     try:
         tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ModelLoadError(f"cannot load model from {path!r}: {e}") from None
+    try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     except OSError as e:
         raise ModelLoadError(f"cannot load model from {path!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 (a truncated safetensors file, a config.json of another size, ...)
+        raise ModelLoadError(load_failure(path, e)) from None
+    # A token without an embedding row: an index error on CPU, another row's memory on a GPU.
+    problem = tokenizer_problem(path, len(tok), model.get_input_embeddings().num_embeddings)
+    if problem:
+        raise ModelLoadError(problem)
     model.to(device)
     model.config.use_cache = False
     return model, tok
