@@ -33,6 +33,7 @@ from mopd.retriever.index_store import (
     META_FILE,
     IndexMeta,
     check_kind,
+    data_hash,
     read_meta,
     write_meta,
 )
@@ -126,11 +127,16 @@ def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress
         build.mkdir(exist_ok=True)
         pfile = build / PARAMS_FILE
         if pfile.is_file():
-            old = json.loads(pfile.read_text())
+            old = _read_params(pfile)
             if old != params:
                 diff = [k for k in params if old.get(k) != params[k]]
-                raise IndexDirError(f"{out} holds an interrupted build with other settings ({', '.join(diff)} "
-                                    "differ); run it with the same arguments to resume, or pass --overwrite")
+                restart = _restart_reason(old, params, build, diff)
+                if restart is None:
+                    raise IndexDirError(f"{out} holds an interrupted build with other settings ({', '.join(diff)} "
+                                        "differ); run it with the same arguments to resume, or pass --overwrite")
+                _say(f"{out}: {restart}: starting the build afresh", progress)
+                shutil.rmtree(build)
+                build.mkdir()
         if index_kind != "bm25":
             _check_disk(out, build, index_kind, n, spec, progress)      # before the first file of the build
         if not pfile.is_file():
@@ -147,12 +153,38 @@ def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress
             dim = _encode_chunks(corpus, n, build, spec, enc_path or None, progress)
             _say(f"assembling the {index_kind} index from {_n_chunks(n, chunk_size)} chunks", progress)
             _assemble(index_kind, build, n, chunk_size, dim, out)
-        write_meta(out, IndexMeta(kind=index_kind, encoder=enc_name, dim=dim, corpus_path=params["corpus_path"],
-                                  corpus_fingerprint=corpus.fingerprint, num_passages=n, encoder_path=enc_path))
+        meta = IndexMeta(kind=index_kind, encoder=enc_name, dim=dim, corpus_path=params["corpus_path"],
+                         corpus_fingerprint=corpus.fingerprint, num_passages=n, encoder_path=enc_path)
+        meta.data_hash = data_hash(out, meta)
+        write_meta(out, meta)
         shutil.rmtree(build, ignore_errors=True)
         corpus.close()
         _say(f"built {index_kind} index of {n} passages in {out} ({time.time() - t0:.1f} s)", progress)
     return out
+
+
+def _read_params(pfile: Path) -> dict:
+    try:
+        old = json.loads(pfile.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return {}                                 # a params file cut by a kill: nothing to compare
+    return old if isinstance(old, dict) else {}
+
+
+def _restart_reason(old: dict, params: dict, build: Path, diff: list) -> str | None:
+    """Why an interrupted build with other settings starts again instead of being refused, or None.
+
+    Nothing encoded yet (a build stopped at a bad corpus row before its first chunk, or a BM25 build,
+    which writes no chunks): nothing is lost. The same corpus file with other contents (a bad row
+    fixed in place): the chunks encoded from the old contents cannot be resumed, the old contents
+    being gone. Another corpus file or other settings with chunks on disk stay refused: a mistyped
+    argument must not discard hours of encoding."""
+    if not any(build.glob("chunk_*.npy")):
+        return f"the interrupted build had encoded nothing ({', '.join(diff)} changed)"
+    if set(diff) == {"corpus_fingerprint"} and old.get("corpus_path") == params["corpus_path"]:
+        return (f"{params['corpus_path']} was edited since the interrupted build began, so its encoded chunks "
+                "are of rows that are gone")
+    return None
 
 
 def human_bytes(n: float) -> str:

@@ -93,17 +93,44 @@ class HttpRetriever:
             if not isinstance(result, list) or len(result) != len(part):
                 raise RetrieverUnavailable(f"{self.url}/retrieve answered without one result list per query")
             for (i, _), r in zip(part, result, strict=True):
-                out[i] = parse_result(r)
+                try:
+                    out[i] = parse_result(r)
+                except BadAnswer as e:
+                    raise RetrieverUnavailable(f"{self.url}/retrieve answered in a shape this client cannot read "
+                                               f"({e}); is it a Search-R1-compatible retrieval server?") from None
         return out
 
 
+class BadAnswer(ValueError):
+    """A /retrieve result that is not a list of documents (or of {"document", "score"} items)."""
+
+
 def parse_result(items: list) -> list[Passage]:
-    """One query's result, with scores (``{"document", "score"}``) or bare documents."""
+    """One query's result, with scores (``{"document", "score"}``) or bare documents; anything else
+    is :class:`BadAnswer` naming the first item that is not one."""
+    if not isinstance(items, list):
+        raise BadAnswer(f"a query's result is {_short(items)}, not a list of documents")
     out = []
-    for it in items:
+    for j, it in enumerate(items):
+        if not isinstance(it, dict):
+            raise BadAnswer(f"result item {j} is {_short(it)}, not a document object")
         doc, score = (it["document"], it.get("score", 0.0)) if "document" in it else (it, 0.0)
+        if not isinstance(doc, dict):
+            raise BadAnswer(f"result item {j}'s document is {_short(doc)}, not an object")
         contents = doc.get("contents")
         if contents is None:  # corpora stored as separate title / text fields
-            contents = f"{doc.get('title', '')}\n{doc.get('text', '')}"
-        out.append(Passage.from_contents(doc.get("id", ""), contents, score))
+            title, text = doc.get("title", ""), doc.get("text")
+            if text is None or not isinstance(title, str) or not isinstance(text, str):
+                raise BadAnswer(f"result item {j}'s document has neither a string 'contents' nor 'title'/'text'")
+            contents = f"{title}\n{text}"
+        if not isinstance(contents, str):
+            raise BadAnswer(f"result item {j}'s 'contents' is {_short(contents)}, not a string")
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise BadAnswer(f"result item {j}'s score is {_short(score)}, not a number")
+        out.append(Passage.from_contents(str(doc.get("id", "")), contents, float(score)))
     return out
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -110,8 +110,9 @@ def _user_errors():
         IndexMismatch,
         RetrieverUnavailable,
     )
+    from mopd.retriever.client import RetrieverRequestError
 
-    return (CorpusError, EncoderUnavailable, IndexDirError, IndexMismatch, RetrieverUnavailable)
+    return (CorpusError, EncoderUnavailable, IndexDirError, IndexMismatch, RetrieverUnavailable, RetrieverRequestError)
 
 
 def _run(fn):
@@ -161,7 +162,7 @@ def _build(args) -> int:
     except UserError:
         # A bad corpus or encoder found before any chunk was encoded: leave no half-built directory
         # (encoded chunks are kept: rerunning resumes from them).
-        if fresh and out.is_dir() and not any((out / "build").glob("*")):
+        if fresh and out.is_dir() and not any((out / "build").glob("chunk_*.npy")):
             shutil.rmtree(out, ignore_errors=True)
         raise
     return 0
@@ -199,6 +200,8 @@ def _serve(args) -> int:
     from mopd.core.errors import UserError
     from mopd.retriever.server import PortInUse, ServerLimits, check_port, serve
 
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
     try:
         limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
                               max_results=args.max_results, max_query_chars=args.max_query_chars,
@@ -211,6 +214,7 @@ def _serve(args) -> int:
 
         _run(lambda: encoder_devices(args.encoder_devices, cuda_device_count()))
     retriever = _run(lambda: _open(args))
+    _run(retriever.self_check)                # never serve an index that would answer every request with 500
     try:
         serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,
               max_batch_queries=args.max_batch, batching=not args.no_batching, slice_work=args.slice_work,
@@ -221,7 +225,11 @@ def _serve(args) -> int:
 
 
 def _search(args) -> int:
+    from mopd.core.errors import UserError
     from mopd.retriever import HttpRetriever, format_passages
+
+    if args.topk < 1:
+        raise UserError(f"-k {args.topk}: ask for at least one passage per query (-k 1 or more)")
 
     def go():
         r = HttpRetriever(args.url, retries=1) if args.url else _open(args)

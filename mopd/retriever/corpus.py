@@ -1,9 +1,18 @@
 """A FlashRAG / Search-R1 jsonl corpus read by row, with the text kept on disk.
 
 Memory plan: wiki-18 is 21M lines (about 14 GB of text); holding it as Python objects would take
-several times that. We keep the text once, in the jsonl file itself, memory-mapped, and build on
-first use a row-offset table (one int64 per non-empty line: 170 MB for wiki-18), saved as ``.npy``
-and itself memory-mapped. Fetching row ``i`` is one slice of the map plus one ``json.loads``.
+several times that. We keep the text once, in the jsonl file itself, and build on first use a
+row-offset table (one int64 per non-empty line: 170 MB for wiki-18), saved as ``.npy`` and
+memory-mapped (it is written whole under a new name, never rewritten in place). Fetching row ``i``
+is one ``pread`` of its bytes plus one ``json.loads``; the page cache holds the hot rows.
+
+The jsonl is read, not memory-mapped: a file rewritten in place under a mapping turns the next read
+of a page past its new end into SIGBUS, which kills the process without a word (a server, or a
+training run and its last steps). After each read the file's size, modification time and inode
+are compared with those it had when opened: a change is :class:`CorpusChanged` (one line), unless
+the file's fingerprint is still the one it had (the same rows written again, e.g. by a sync), in
+which case reading goes on. A corpus replaced by a rename is not a change here: the open file is
+still the old one, whose rows are the index's.
 
 Rows are ``{"id", "contents": "title\\ntext"}`` (rows with ``title`` and ``text`` fields instead
 of ``contents`` are accepted too). Row numbers follow line order, skipping blank lines, which is
@@ -14,21 +23,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from mopd.core.atomic import atomic_open
+from mopd.core.errors import UserError
+from mopd.retriever.client import RetrieverUnavailable
 from mopd.retriever.passage import Passage
 
 _SCAN_BLOCK = 64 << 20  # bytes per newline-scan step while building the offset table
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A missing, empty or malformed corpus file; the message names the file and the row."""
+
+
+class CorpusChanged(CorpusError, RetrieverUnavailable):
+    """The corpus file was rewritten while it was being read: its rows may no longer be the index's.
+
+    Also a :class:`RetrieverUnavailable`: a training run stops on it as on a retriever that is down
+    (one line, a checkpoint of its last finished step)."""
 
 
 def default_cache_dir() -> Path:
@@ -74,12 +92,8 @@ def line_starts(path: str | os.PathLike, block: int = _SCAN_BLOCK) -> np.ndarray
     short = np.flatnonzero(ends - begins <= 4)
     if len(short):
         with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                for i in short:
-                    keep[i] = bool(mm[begins[i]:ends[i]].strip())
-            finally:
-                mm.close()
+            for i in short:
+                keep[i] = bool(os.pread(f.fileno(), int(ends[i] - begins[i]), int(begins[i])).strip())
     return begins[keep]
 
 
@@ -107,7 +121,8 @@ class Corpus:
         if len(self._starts) == 0:
             raise CorpusError(f"corpus file {self.path} has no rows")
         self._file = open(self.path, "rb")
-        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self._stat = self._identity(os.fstat(self._file.fileno()))
+        self._check_lock = threading.Lock()
         self.document(0)  # fail early on a file that is not a corpus
 
     def _offsets_path(self, cache_dir) -> Path:
@@ -118,15 +133,41 @@ class Corpus:
         return len(self._starts)
 
     def close(self) -> None:
-        self._mm.close()
         self._file.close()
+
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[int, int, int]:
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def check_unchanged(self) -> bool:
+        """Raise :class:`CorpusChanged` if the open file was modified since it was opened (see the
+        module docstring). The same rows written again (same size and fingerprint) are accepted:
+        then True (what was read during the rewrite is read again), else False."""
+        now = self._identity(os.fstat(self._file.fileno()))
+        if now == self._stat:
+            return False
+        with self._check_lock:
+            if now == self._stat:
+                return True
+            old_size, size = self._stat[1], now[1]
+            if size == old_size and corpus_fingerprint(self.path) == self.fingerprint \
+                    and self._identity(os.fstat(self._file.fileno())) == now:
+                self._stat = now          # rewritten with the same rows: read on
+                return True
+            raise CorpusChanged(f"corpus {self.path} was modified while in use ({old_size:,} -> {size:,} bytes): "
+                                "its rows may no longer be the index's; restore the corpus the index was built "
+                                "from and restart, or rebuild the index")
 
     def raw_line(self, row: int) -> bytes:
         if not 0 <= row < len(self._starts):
             raise IndexError(f"row {row} is outside corpus {self.path} ({len(self)} rows)")
         start = int(self._starts[row])
-        end = self._mm.find(b"\n", start)
-        return self._mm[start:end if end >= 0 else len(self._mm)]
+        stop = int(self._starts[row + 1]) if row + 1 < len(self._starts) else self._stat[1]
+        data = os.pread(self._file.fileno(), max(stop - start, 0), start)
+        if self.check_unchanged():     # after the read: what was read came from the file as opened
+            data = os.pread(self._file.fileno(), max(stop - start, 0), start)
+        end = data.find(b"\n")
+        return data[:end] if end >= 0 else data
 
     def document(self, row: int) -> dict:
         """Row ``row`` as a Search-R1 document ``{"id": str, "contents": "title\\ntext"}``."""

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.core.errors import UserError
 
-class EncoderUnavailable(ValueError):
+
+class EncoderUnavailable(UserError, ValueError):
     """The encoder's weights are not on this machine; the message says what to download."""
 
 

@@ -28,8 +28,6 @@ NO_RETRIEVER = ("no retriever: set retriever.index=DIR (an index from `mopd retr
                 "`import-index`), or retriever.kind=http retriever.url=http://HOST:PORT (`mopd retriever "
                 "serve`); retriever.index=bundled asks for the bundled corpus of 2,400 invented passages "
                 "(a toy, for trying the tools out)")
-INDEX_DATA = ("index.faiss", "vectors.npy")
-"""Index files inside an index directory (a BM25 index keeps its files under ``bm25/``)."""
 META_KEYS = ("kind", "encoder", "dim", "corpus_fingerprint", "num_passages", "format_version")
 """What of ``meta.json`` names the index (not its paths or build time: a moved or rebuilt
 identical index is the same index)."""
@@ -45,20 +43,12 @@ def is_bundled(index: str) -> bool:
 
 def index_fingerprint(index_dir, meta: IndexMeta | None = None) -> str:
     """32 hex digits naming an index directory's contents (see the module docstring)."""
-    from mopd.core.fingerprint import file_sample_hash
+    from mopd.retriever.index_store import data_files, file_lines
 
     index_dir = Path(index_dir)
     meta = meta or read_meta(index_dir)
     h = hashlib.sha256(json.dumps({k: getattr(meta, k) for k in META_KEYS}, sort_keys=True).encode())
-    files = [index_dir / name for name in INDEX_DATA if (index_dir / name).is_file()]
-    if meta.index_file:
-        files.append(Path(meta.index_file))
-    bm25 = index_dir / "bm25"
-    if bm25.is_dir():
-        files += sorted(p for p in bm25.rglob("*") if p.is_file())
-    for f in files:
-        name = f.relative_to(index_dir).as_posix() if f.is_relative_to(index_dir) else f.name
-        h.update(f"{name}\0{file_sample_hash(f) if f.is_file() else 'missing'}\n".encode())
+    h.update(file_lines(index_dir, data_files(index_dir, meta)).encode())
     return h.hexdigest()[:32]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from mopd.retriever.corpus import Corpus
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
 from mopd.retriever.index_faiss import check_flat_size, read_header
-from mopd.retriever.index_store import IndexMeta, write_meta
+from mopd.retriever.index_store import IndexMeta, data_hash, write_meta
 
 
 def faiss_kind(index) -> str:
@@ -84,9 +84,10 @@ def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder
     if len(corpus) != index.ntotal:
         raise IndexDirError(f"{fpath} holds {index.ntotal} vectors but {corpus.path} has {len(corpus)} rows; "
                             "they must come from the same build")
-    write_meta(out, IndexMeta(kind=kind, encoder=encoder, dim=index.d, corpus_path=str(corpus.path.resolve()),
-                              corpus_fingerprint=corpus.fingerprint, num_passages=len(corpus),
-                              encoder_path=str(Path(encoder_path).resolve()) if encoder_path else "",
-                              index_file=str(fpath)))
+    meta = IndexMeta(kind=kind, encoder=encoder, dim=index.d, corpus_path=str(corpus.path.resolve()),
+                     corpus_fingerprint=corpus.fingerprint, num_passages=len(corpus),
+                     encoder_path=str(Path(encoder_path).resolve()) if encoder_path else "", index_file=str(fpath))
+    meta.data_hash = data_hash(out, meta)
+    write_meta(out, meta)
     return out
 

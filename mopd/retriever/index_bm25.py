@@ -60,9 +60,15 @@ class BM25Index:
     def load(cls, index_dir: Path, **_) -> BM25Index:
         import bm25s
 
+        from mopd.retriever.index_errors import IndexDirError
+
         d = Path(index_dir) / BM25_DIR
-        model = bm25s.BM25.load(str(d), mmap=True, show_progress=False)
-        tok = _tokenizer()
-        tok.load_vocab(str(d))
-        n = int(model.scores["num_docs"])
+        try:
+            model = bm25s.BM25.load(str(d), mmap=True, show_progress=False)
+            tok = _tokenizer()
+            tok.load_vocab(str(d))
+            n = int(model.scores["num_docs"])
+        except Exception as e:  # noqa: BLE001 (json, numpy and bm25s errors of a damaged file)
+            raise IndexDirError(f"the BM25 index in {d} cannot be read ({type(e).__name__}: {str(e)[:200]}): a file "
+                                "is truncated or damaged; rebuild it with `mopd retriever build-index`") from None
         return cls(model, tok, n)

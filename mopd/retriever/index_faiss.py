@@ -169,6 +169,7 @@ def read_index_file(path, purpose: str = "reading"):
 
     p = Path(path)
     header = read_header(p)
+    check_flat_size(header, p)          # a truncated flat file, mapped, would fault on the first search
     flag = mmap_flat_flag(faiss) if header.flat else None
     if flag is not None:
         avail = mem_available()
@@ -176,10 +177,21 @@ def read_index_file(path, purpose: str = "reading"):
             log.warning("%s (%.1f GiB) is memory-mapped but larger than the memory available (%.1f GiB): "
                         "searches read it from disk until the page cache holds it", p, header.size / GIB,
                         avail / GIB)
-        return faiss.read_index(str(p), flag)
+        return _read(faiss, p, flag)
     how = "" if header.flat else f" (a {header.fourcc} index is read whole)"
     check_memory(header.size, f"{purpose} {p}{how}")
-    return faiss.read_index(str(p))
+    return _read(faiss, p)
+
+
+def _read(faiss, path: Path, *flags):
+    """``faiss.read_index``, its failure (a truncated or damaged file) one line naming the file."""
+    try:
+        return faiss.read_index(str(path), *flags)
+    except RuntimeError as e:
+        reason = next((ln.strip() for ln in str(e).splitlines() if "Error" in ln or "error" in ln),
+                      str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+        raise IndexDirError(f"faiss cannot read {path} ({reason[:200]}): the file is truncated or damaged; "
+                            "rebuild the index") from None
 
 
 def flat_vectors(index_file) -> np.ndarray:

@@ -26,6 +26,8 @@ from mopd.core.atomic import atomic_write_json
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
 
 META_FILE = "meta.json"
+INDEX_DATA = ("index.faiss", "vectors.npy")
+"""Index files inside an index directory (a BM25 index keeps its files under ``bm25/``)."""
 FORMAT_VERSION = 1
 DENSE_KINDS = ("flat", "ivf", "hnsw", "torch")
 INDEX_KINDS = DENSE_KINDS + ("bm25",)
@@ -53,6 +55,9 @@ class IndexMeta:
     """Explicit weights directory used at build time ('' = the encoder's default location)."""
     index_file: str = ""
     """A FAISS file outside the directory (an imported Search-R1/FlashRAG index); '' = DIR/index.faiss."""
+    data_hash: str = ""
+    """Sampled hash of the index's data files (:func:`data_hash`) when it was written; checked when
+    it opens ('' in indexes written before it was recorded: not checked)."""
     created: str = ""
     format_version: int = FORMAT_VERSION
 
@@ -79,11 +84,52 @@ def read_meta(index_dir: Path) -> IndexMeta:
         raise IndexDirError(f"{index_dir} is not a finished index directory: no {META_FILE}{hint}; build one "
                           "with `mopd retriever build-index` or `mopd retriever import-index`")
     try:
-        raw = json.loads(p.read_text())
+        raw = json.loads(p.read_text(encoding="utf-8"))
         known = {f.name for f in fields(IndexMeta)}
-        return IndexMeta(**{k: v for k, v in raw.items() if k in known})
-    except (json.JSONDecodeError, TypeError) as e:
+        meta = IndexMeta(**{k: v for k, v in raw.items() if k in known})
+    except (json.JSONDecodeError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise IndexDirError(f"{p} is not valid index metadata: {e}") from None
+    for name, typ in (("kind", str), ("encoder", str), ("dim", int), ("corpus_path", str),
+                      ("corpus_fingerprint", str), ("num_passages", int), ("index_file", str), ("data_hash", str)):
+        value = getattr(meta, name)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise IndexDirError(f"{p} is not valid index metadata: {name} is {value!r}, not a {typ.__name__}")
+    if meta.num_passages < 1 or meta.dim < 0:
+        raise IndexDirError(f"{p} is not valid index metadata: {meta.num_passages} passages of dimension {meta.dim}")
+    return meta
+
+
+def data_files(index_dir, meta: IndexMeta) -> list[Path]:
+    """The files that hold an index's data: ``index.faiss`` or ``vectors.npy``, an imported FAISS
+    file, the files under ``bm25/`` (sorted)."""
+    index_dir = Path(index_dir)
+    files = [index_dir / name for name in INDEX_DATA if (index_dir / name).is_file()]
+    if meta.index_file:
+        files.append(Path(meta.index_file))
+    bm25 = index_dir / "bm25"
+    if bm25.is_dir():
+        files += sorted(p for p in bm25.rglob("*") if p.is_file())
+    return files
+
+
+def file_lines(index_dir, files: Sequence[Path]) -> str:
+    """``name\0sampled-hash`` lines of ``files`` (names relative to ``index_dir`` where inside it)."""
+    from mopd.core.fingerprint import file_sample_hash
+
+    index_dir = Path(index_dir)
+    out = []
+    for f in files:
+        name = f.relative_to(index_dir).as_posix() if f.is_relative_to(index_dir) else f.name
+        out.append(f"{name}\0{file_sample_hash(f) if f.is_file() else 'missing'}\n")
+    return "".join(out)
+
+
+def data_hash(index_dir, meta: IndexMeta) -> str:
+    """32 hex digits of the index's data files' names and sampled contents (milliseconds, even for
+    a 65 GB flat index: :func:`mopd.core.fingerprint.file_sample_hash`)."""
+    import hashlib
+
+    return hashlib.sha256(file_lines(index_dir, data_files(index_dir, meta)).encode()).hexdigest()[:32]
 
 
 def check_compatible(meta: IndexMeta, index_dir, encoder: str | None = None,

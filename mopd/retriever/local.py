@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from mopd.retriever.corpus import Corpus
+from mopd.retriever.index_check import check_data_files, check_encoder_dim, check_opened
+from mopd.retriever.index_errors import IndexDirError
 from mopd.retriever.index_store import IndexMeta, check_compatible, open_index, read_meta
 from mopd.retriever.passage import Passage
 
@@ -31,10 +33,16 @@ class LocalRetriever:
         self.index_dir = Path(index_dir)
         self.meta: IndexMeta = read_meta(self.index_dir)
         check_compatible(self.meta, self.index_dir, encoder=encoder)
+        # What it holds against its meta.json, its encoder and its corpus, before anything loads
+        # (mopd.retriever.index_check): a damaged or mismatched index is one line here, not a
+        # traceback or a failure of every search later.
+        check_encoder_dim(self.meta, self.index_dir)
+        check_data_files(self.meta, self.index_dir)
         self.corpus = Corpus(corpus_path or self.meta.corpus_path, cache_dir=self.index_dir)
         check_compatible(self.meta, self.index_dir, corpus_fingerprint=self.corpus.fingerprint,
                          corpus_path=str(self.corpus.path))
         self.index = open_index(self.index_dir, self.meta, kind=kind, device=device, faiss_gpu=faiss_gpu)
+        check_opened(self.meta, self.index_dir, self.index, len(self.corpus))
         self.encoder = None
         if not self.index.needs_text:
             from mopd.retriever.encoders import load_encoder
@@ -78,3 +86,16 @@ class LocalRetriever:
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
         return self.passages(*self.search_rows(queries, k))
+
+    def self_check(self) -> None:
+        """One search end to end (encoder, index, corpus rows): :class:`IndexDirError` naming what
+        failed, for ``retriever serve``, which must not start on an index it cannot answer from."""
+        try:
+            found = self.search(["index self-check"], 1)
+            if not isinstance(found, list) or len(found) != 1:
+                raise ValueError("the search returned no result list")
+        except IndexDirError:
+            raise
+        except Exception as e:  # noqa: BLE001 (whatever fails: the index cannot answer)
+            raise IndexDirError(f"{self.index_dir} cannot answer a search ({type(e).__name__}: {str(e)[:300]}); "
+                                "rebuild the index") from None

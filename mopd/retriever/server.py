@@ -171,6 +171,9 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
             payload = await asyncio.get_running_loop().run_in_executor(
                 None, _answer, retriever, ids, scores, with_scores)
         except Exception as e:  # noqa: BLE001 (an index or corpus failure: the server stays up)
+            # One line on the server's terminal too (a corpus rewritten under it, CorpusChanged: every
+            # request fails until the corpus is restored, then it answers again).
+            log.error("retrieval failed: %s: %s", type(e).__name__, e)
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
         return web.Response(body=payload, content_type="application/json")
 
