@@ -1,4 +1,4 @@
-"""What a model directory is: its resolved path and a hash of its weight files.
+"""What a model directory is: its resolved path, a hash of its weight files and one of its chat template.
 
 Two directories with the same name (every export is called ``export``) or one directory whose
 weights were rewritten in place must not pass for the same model when a run is resumed. Hashing
@@ -38,8 +38,8 @@ def file_sample_hash(path: Path) -> str:
 
 
 def model_fingerprint(path: str | os.PathLike) -> dict:
-    """``{"path": resolved path, "weights": hash}``; a name that is not a local directory (a Hub id)
-    is kept as given with ``weights: None``."""
+    """``{"path": resolved path, "weights": hash, "chat_template": hash}`` of a local directory; a
+    name that is not one (a Hub id) is kept as given with ``weights: None``."""
     p = Path(path).expanduser()
     if not str(path) or not p.is_dir():
         return {"path": str(path), "weights": None}
@@ -48,7 +48,37 @@ def model_fingerprint(path: str | os.PathLike) -> dict:
     h = hashlib.sha256()
     for f in files:
         h.update(f"{f.name}\0{file_sample_hash(f)}\n".encode())
-    return {"path": str(p.resolve()), "weights": h.hexdigest()[:32] if files else None}
+    return {"path": str(p.resolve()), "weights": h.hexdigest()[:32] if files else None,
+            "chat_template": chat_template_hash(p)}
+
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def chat_template_hash(model_dir: Path) -> str | None:
+    """Hash of the chat templates a tokenizer of ``model_dir`` reads: ``chat_template.jinja``,
+    ``chat_template.json`` and the ``chat_template`` of ``tokenizer_config.json`` (None when it has
+    none). Every prompt of a run is rendered with it: an edited template is a different policy input,
+    as edited weights are."""
+    h = hashlib.sha256()
+    found = False
+    for name in TEMPLATE_FILES:
+        f = model_dir / name
+        if f.is_file():
+            h.update(f"{name}\0".encode() + f.read_bytes() + b"\n")
+            found = True
+    conf = model_dir / "tokenizer_config.json"
+    if conf.is_file():
+        import json
+
+        try:
+            template = json.loads(conf.read_text(encoding="utf-8")).get("chat_template")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            template = None               # the loader says what is wrong with the file
+        if template is not None:
+            h.update(b"tokenizer_config.json\0" + json.dumps(template, sort_keys=True).encode() + b"\n")
+            found = True
+    return h.hexdigest()[:32] if found else None
 
 
 def data_fingerprint(path: str | os.PathLike) -> dict:

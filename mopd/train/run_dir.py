@@ -101,6 +101,8 @@ def _comparable(ident: dict) -> dict:
         if fp:
             out[f"{name}.resolved_path"] = fp.get("path")
             out[f"{name}.weights"] = fp.get("weights")
+            if "chat_template" in fp:   # recorded since issue 34: every prompt is rendered with it
+                out[f"{name}.chat_template"] = fp["chat_template"]
     for split, fp in (ident.get("data") or {}).items():
         if fp:
             out[f"data.{split}.resolved_path"] = fp.get("path")
@@ -127,6 +129,8 @@ def identity_differences(old: dict, new: dict, allow: Sequence[str] = (), config
         b = {k: v for k, v in b.items() if k in a}
     elif "retriever" not in old:   # a run recorded before run.json held the retriever: its config only
         b = {k: v for k, v in b.items() if k in a or k not in _comparable({"retriever": new.get("retriever")})}
+    # A run recorded before its models' chat templates were: compared on what it recorded.
+    b = {k: v for k, v in b.items() if k in a or not k.endswith(".chat_template")}
     diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
     refused = {k: v for k, v in diff.items() if not _allowed(k, allow)}
     return refused, {k: v for k, v in diff.items() if k not in refused}
