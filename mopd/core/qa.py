@@ -105,8 +105,8 @@ def load_flashrag(path: str | os.PathLike, dataset: Optional[str] = None,
             raise DataError(f"{where}: not valid JSON ({e.msg})") from None
         return _example_from_flashrag(row, name, where)
 
-    try:
-        with p.open("r", encoding="utf-8") as f:
+    try:   # utf-8-sig: a byte-order mark at the start (Windows editors write one) is not part of row 1
+        with p.open("r", encoding="utf-8-sig") as f:
             lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
     except UnicodeDecodeError as e:
         raise DataError(f"{p} is not UTF-8 text (byte {e.start}: {e.reason}); datasets are UTF-8 JSONL") from None
