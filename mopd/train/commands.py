@@ -65,6 +65,7 @@ def register(sub) -> None:
 def _train(args) -> int:
     import logging
     import os
+    import sys
     from pathlib import Path
 
     from mopd.config import resolve
@@ -76,14 +77,21 @@ def _train(args) -> int:
         raise UserError("--allow-changed only applies with --resume")
     if args.resume and args.resume_or_start:
         raise UserError("--resume and --resume-or-start: choose one")
+    if args.steps is not None and args.steps < 0:
+        raise UserError(f"--steps {args.steps}: give the step to stop after (0 or more), or leave it out for "
+                        "trainer.steps")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
     from mopd.train.run_dir import default_out_dir
 
     default_out_dir(cfg, args.preset)
     lock = None
+    notes = []
     try:
-        check_training_inputs(cfg)
+        notes = check_training_inputs(cfg)
+        if int(os.environ.get("RANK", "0")) == 0:
+            for line in notes:                # said now; recorded in events.jsonl once the run starts
+                print(f"mopd: {line}", file=sys.stderr, flush=True)
         check_run_outputs(cfg, args.export)
         start = None
         resume = args.resume or args.resume_or_start
@@ -109,6 +117,8 @@ def _train(args) -> int:
             raise
         for line in start.events if start is not None else ():
             trainer.logger.event(trainer.step, "run_dir", line)
+        for line in notes if start is not None else ():   # e.g. dev questions that are training questions
+            trainer.logger.event(trainer.step, "data", line)
         try:
             last = trainer.fit(args.steps)
             if args.export:

@@ -23,6 +23,7 @@ def check_run_outputs(cfg, export_dir: str | None = None) -> None:
     from mopd.train.export_target import ExportTargetError, check_export_target
 
     out = cfg.trainer.out_dir
+    check_not_a_model_dir(cfg)
     problem = out_dir_problem(out, inner=("checkpoints",))
     if problem:
         raise RunCommandError(f"trainer.out_dir={out} {problem}")
@@ -34,6 +35,19 @@ def check_run_outputs(cfg, export_dir: str | None = None) -> None:
             check_export_target(export_dir, out, flag="--export")
         except ExportTargetError as e:
             raise RunCommandError(str(e)) from None
+
+
+def check_not_a_model_dir(cfg) -> None:
+    """trainer.out_dir is not the directory of a model the run reads (model.path, teacher.path,
+    reference.path): its run.json and checkpoints would make that directory a run directory, which
+    every command then refuses as a model."""
+    out = Path(cfg.trainer.out_dir).expanduser().resolve()
+    for key, path in (("model.path", cfg.model.path), ("teacher.path", cfg.teacher.path),
+                      ("reference.path", cfg.reference.path)):
+        if path and Path(path).expanduser().resolve() == out:
+            raise RunCommandError(f"trainer.out_dir={cfg.trainer.out_dir} is {key}: the run would write its files "
+                                  "(run.json, checkpoints) into the model's directory, which is then no longer "
+                                  "loadable as a model; set another trainer.out_dir")
 
 
 def resume_or_refuse(cfg, resume: bool, resume_or_start: bool) -> bool:
