@@ -80,6 +80,11 @@ def _run(args) -> int:
     attempts = args.attempts if args.attempts is not None else cfg.eval.attempts
     if attempts < 1:
         raise UserError("--attempts must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: give the number of questions to evaluate (1 or more), or leave "
+                        "it out for all of them")
+    if args.chunk < 1:
+        raise UserError(f"--chunk {args.chunk}: questions per rollout batch must be 1 or more")
     try:
         questions, _ = load_questions(args.manifest, skip_malformed=cfg.data.skip_malformed)
     except DataError as e:
@@ -116,6 +121,11 @@ def _run(args) -> int:
 
     # Before any engine starts: a template that cannot be continued, or limits past the context.
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    from mopd.core.model_weights import weights_problem
+
+    problem = weights_problem(args.model, tokenizer_len=len(tokenizer))   # truncated, another size, tokenizer
+    if problem:
+        raise UserError(f"--model {problem}")
     check_chat_template(tokenizer, cfg.model.chat_template_kwargs, name=args.model)
     cfg = fit_context(cfg, args.model)
     method = args.method or Path(args.model).resolve().name
@@ -242,6 +252,11 @@ def _report(args) -> int:
 
     if args.draws < 1:
         raise UserError("--draws must be >= 1")
+    from mopd.core.out_path import out_dir_problem
+
+    problem = out_dir_problem(args.out)       # before the records are read and bootstrapped
+    if problem:
+        raise UserError(f"--out {args.out} {problem}")
     collapse = _parse_collapse(args.collapse)
     try:
         options = ReportOptions(names=args.names, reference=args.reference, draws=args.draws, seed=args.seed,
