@@ -579,12 +579,12 @@ class PolicyTrainer:
                 bar.close()
             self._bar = None
         if stop is not None:
-            self._stop(stop)
+            self._stop(stop, target)
         if self.rank == 0:
             plot_training(self.run_dir)
         return last
 
-    def _stop(self, cause: BaseException) -> None:
+    def _stop(self, cause: BaseException, target: int) -> None:
         """Save the last finished step (when the weights are still its own) and raise the line
         that says what was kept: ``Interrupted`` after a signal, ``TrainingError`` after a lost
         retriever. Runs outside the signal handlers: a second Ctrl-C during the save is said by
@@ -599,12 +599,17 @@ class PolicyTrainer:
             kept = (f"step {at + 1} had applied an update, which is not saved; {self._kept_line()}; "
                     "resume with --resume")
         else:
-            owed = ", its validation still to run" if self._pending is not None else ""
+            owed = ", its validation still to run" if self._pending is not None and self._validation_due(target) else ""
             kept = f"checkpoint {path} holds step {self.step}, the last finished one{owed}; resume with --resume"
         if isinstance(cause, KeyboardInterrupt):
             raise Interrupted(kept) from None
         raise TrainingError(f"the retriever is unreachable ({cause}); stopped at step {self.step}: {kept} once "
                             "the server is back") from None
+
+    def _validation_due(self, target: int) -> bool:
+        """Whether the finished step validates (every ``trainer.val_every`` steps, the first and the last)."""
+        every = self.cfg.trainer.val_every
+        return bool(every and self.dev_questions) and (self.step % every == 0 or self.step == target)
 
     def _kept_line(self) -> str:
         found = ckpt.list_checkpoints(self.run_dir)
@@ -617,7 +622,7 @@ class PolicyTrainer:
         cfg = self.cfg.trainer
         val: Dict[str, float] = {}
         if self.step == 0:
-            if cfg.val_every and self.dev_questions:
+            if self._validation_due(target):
                 val = self.validate()
             with self._signals.deferred():
                 if val:
@@ -625,7 +630,7 @@ class PolicyTrainer:
                 self._pending = None
                 self._mark_finished()
             return {}
-        if cfg.val_every and (self.step % cfg.val_every == 0 or self.step == target):
+        if self._validation_due(target):
             val = self.validate()
         with self._signals.deferred():
             m = {**m, **val}
