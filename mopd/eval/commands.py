@@ -69,13 +69,15 @@ def _run(args) -> int:
     from mopd.core.fingerprint import model_fingerprint
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
-    from mopd.eval.runner import EvalPlan, check_continuation, manifest_fingerprint, run_evaluation
+    from mopd.eval.ranks import check_rank_continuation, join_ranks, run_ranked_evaluation
+    from mopd.eval.runner import EvalPlan, manifest_fingerprint
     from mopd.rollout.run_state import WorkflowSettings
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
     import torch
 
     cuda = torch.cuda.is_available()
+    ranks = join_ranks()   # under torchrun: this rank of N, on its own GPU, with its own engine
     engine_line = choose_engine(cfg, engine_set_by_user(args), cuda, cuda and vllm_installed())
     attempts = args.attempts if args.attempts is not None else cfg.eval.attempts
     if attempts < 1:
@@ -135,7 +137,7 @@ def _run(args) -> int:
                         run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
                         model=model_fingerprint(args.model), retriever=retriever_id, engine=cfg.rollout.engine,
                         manifest=manifest)
-        check_continuation(plan)
+        check_rank_continuation(ranks, plan)
     except EvalError as e:
         raise UserError(str(e)) from None
     try:   # before the engine, so that what the retriever holds on the GPU counts when vLLM's share is chosen
@@ -150,10 +152,14 @@ def _run(args) -> int:
     engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
     tokenizer = getattr(engine, "tokenizer", None) or tokenizer
     try:
-        path = run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_workflows, progress=True,
-                              log=print)
+        path = run_ranked_evaluation(ranks, engine, retriever, tokenizer, questions, plan, run_fn=run_workflows,
+                                     progress=True, log=print)
     except EvalError as e:
         raise UserError(str(e)) from None
+    finally:
+        ranks.leave()
+    if ranks.rank != 0:
+        return 0
     from mopd.core.records import format_validity_line, iter_records
 
     print(format_validity_line(iter_records(path)))

@@ -197,7 +197,9 @@ class LauncherConfig:
     export: str = "mopd"
     """How an export's ``mopd`` starts (subprocess): one process, on the CPU."""
     eval: str = "mopd"
-    """How an evaluation's ``mopd`` starts (subprocess)."""
+    """How an evaluation's ``mopd`` starts (subprocess); under torchrun (``torchrun --nproc_per_node 8
+    -m mopd``) each rank evaluates a share of the questions with its own engine on its own GPU and
+    rank 0 merges the records (``mopd/eval/ranks.py``: the records of one process)."""
     gpus: int = 1
     """GPUs a training stage runs on (the memory plan's world size)."""
     gpu_gib: float = 139.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from mopd.pipeline.config import PipelineConfig
+from mopd.pipeline.config import PipelineConfig, _flag
 from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage
 
 GB = 1e9
@@ -109,13 +109,22 @@ def _eval_memory(stage: EvalStage, cfg: PipelineConfig) -> str:
     if r.engine == "vllm":
         share = getattr(r, "vllm_memory_share", None)
         util = share() if share else (r.gpu_memory_utilization or 0.85)
-        text = (f"vLLM on one GPU: gpu_memory_utilization {util} x {cfg.launcher.gpu_gib:.0f} GiB = "
+        where = _eval_gpus(cfg)
+        text = (f"vLLM on {where}: gpu_memory_utilization {util} x {cfg.launcher.gpu_gib:.0f} GiB = "
                 f"{util * cfg.launcher.gpu_gib:.0f} GiB (weights + KV cache)")
-        return text if r.gpu_memory_utilization else text.replace("vLLM on one GPU: ", "vLLM on one GPU, at most ") + \
+        return text if r.gpu_memory_utilization else text.replace(f"vLLM on {where}: ", f"vLLM on {where}, at most ") + \
             "; `mopd eval run` takes what is free there"
     n, _ = parameters(stage.model_dir if Path(stage.model_dir).is_dir() else cfg.model)
     weights = f"{2 * n / GIB:.1f} GiB of 16-bit weights" if n else "the 16-bit weights"
-    return f"{weights} + the KV cache of its batch (HF engine, one GPU)"
+    return f"{weights} + the KV cache of its batch (HF engine, {_eval_gpus(cfg)})"
+
+
+def _eval_gpus(cfg: PipelineConfig) -> str:
+    """Where an evaluation runs: one GPU, or each of the GPUs its torchrun launcher starts ranks on."""
+    per_node, nodes = _flag(cfg.launcher.eval, "nproc_per_node"), _flag(cfg.launcher.eval, "nnodes") or "1"
+    if per_node and per_node.isdigit() and nodes.isdigit() and int(per_node) * int(nodes) > 1:
+        return f"each of {int(per_node) * int(nodes)} GPUs (one rank each, a share of the questions)"
+    return "one GPU"
 
 
 def human_bytes(n: Optional[float]) -> str:

@@ -50,7 +50,8 @@ def paper() -> PipelineConfig:
                  SystemConfig("MultiAgent-OPD", "mopd", "hmas")],
         eval=EvalSettings(attempts=4, overrides=list(gpu)),
         report=ReportSettings(kind="eval", reference="MultiAgent-OPD", title="MultiAgent-OPD: the paper's run"),
-        launcher=LauncherConfig(kind="subprocess", train="torchrun --nproc_per_node 8 -m mopd", gpus=8,
+        launcher=LauncherConfig(kind="subprocess", train="torchrun --nproc_per_node 8 -m mopd",
+                                eval="torchrun --nproc_per_node 8 -m mopd", gpus=8,
                                 gpu_gib=80.0, retriever_gib=6.0),
     )
 

@@ -56,6 +56,9 @@ def test_the_papers_dry_run_names_every_stage_its_command_memory_and_disk(nothin
     assert f"torchrun --nproc_per_node 8 -m mopd train --resume-or-start cmas_rl model.path={PAPER_MODEL}" in out
     assert f"mopd export {tmp_path}/paper/stage1 --checkpoint best --out {tmp_path}/paper/stage1/export" in out
     assert "mopd eval run --model" in out and "mopd eval report" in out
+    # Each evaluation on the 8 GPUs, a share of the questions per rank (mopd/eval/ranks.py)
+    assert out.count("torchrun --nproc_per_node 8 -m mopd eval run --model") == 5
+    assert out.count("memory per GPU: vLLM on each of 8 GPUs (one rank each") == 5
     train_memory = [line for line in out.splitlines() if "memory per GPU: training" in line]
     assert len(train_memory) == 3 and all("of 80 on each of 8 GPU(s)" in line for line in train_memory)
     assert out.count(f"disk: {_gb(checkpoints)} (4 checkpoints") == 3 and out.count(f"disk: {_gb(export)} (fp32") == 3
