@@ -139,6 +139,9 @@ def test_serve_puts_the_query_encoder_on_every_gpu(built, monkeypatch, capsys):
     assert r.encoder.devices == ["cuda:0", "cuda:1", "cuda:2"] and [m.device for m in made] == ["cuda:0", "cuda:1",
                                                                                                "cuda:2"]
     assert "query encoder on cuda:0,cuda:1,cuda:2" in capsys.readouterr().out
+    assert sum(m.calls for m in made) == 1      # serve's self-check: one query, searched before it listens
+    for m in made:
+        m.calls = 0
     queries = [f"harbour town founded {i}" for i in range(48)]
     got, want = r.search(queries, 3), open_retriever(index, device="cpu").search(queries, 3)
     assert [[p.id for p in g] for g in got] == [[p.id for p in g] for g in want]  # 3 x 16 vs 48 in a batch
