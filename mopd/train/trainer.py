@@ -599,7 +599,8 @@ class PolicyTrainer:
             kept = (f"step {at + 1} had applied an update, which is not saved; {self._kept_line()}; "
                     "resume with --resume")
         else:
-            owed = ", its validation still to run" if self._pending is not None and self._validation_due(target) else ""
+            owed = (", its validation still to run" if self._pending is not None and self.dev_questions
+                    and self._validation_due(target) else "")
             kept = f"checkpoint {path} holds step {self.step}, the last finished one{owed}; resume with --resume"
         if isinstance(cause, KeyboardInterrupt):
             raise Interrupted(kept) from None
@@ -607,9 +608,11 @@ class PolicyTrainer:
                             "the server is back") from None
 
     def _validation_due(self, target: int) -> bool:
-        """Whether the finished step validates (every ``trainer.val_every`` steps, the first and the last)."""
+        """Whether the finished step validates: every ``trainer.val_every`` steps and the last, and
+        step 0 when there are dev questions (``validate`` gives nothing without them)."""
         every = self.cfg.trainer.val_every
-        return bool(every and self.dev_questions) and (self.step % every == 0 or self.step == target)
+        return bool(every) and (self.step % every == 0 or self.step == target) and \
+            (self.step > 0 or bool(self.dev_questions))
 
     def _kept_line(self) -> str:
         found = ckpt.list_checkpoints(self.run_dir)
