@@ -93,5 +93,13 @@ TEMPLATES = {
 """name -> (template, the chat_template_kwargs a user of that family passes)."""
 
 STABLE_HISTORY = ("chatml", "llama3", "no_system")
-"""Templates that render an earlier assistant turn exactly as it was generated, so a whole call
-equals the template applied to the whole conversation (the Qwen3 ones drop the think block)."""
+"""Templates that render an earlier assistant turn as it was generated, so a whole call equals the
+template applied to the whole conversation: exactly for ChatML, and for Llama 3 and no_system only
+when each turn's content has no surrounding whitespace (they trim it; a real model often opens a
+turn with a newline). The Qwen3 ones render the last assistant turn with a think block; hybrid and
+Thinking also drop an earlier turn's think block. Qwen3-2507 Instruct's prompts at every turn are
+still its own rendering of the conversation so far (its generation prompt has no think block, like
+its history), which ``PROMPT_STABLE`` adds."""
+
+PROMPT_STABLE = STABLE_HISTORY + ("qwen3_2507_instruct",)
+"""Templates whose every turn's prompt equals the template applied to the conversation so far."""

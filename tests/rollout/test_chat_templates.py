@@ -7,7 +7,7 @@ import pytest
 from mopd.core.records import WorkflowRecord
 from mopd.rollout import prompts
 from mopd.rollout.chat import ChatTemplateError, chat_format, check_chat_template, fold_system, render_ids
-from tests.helpers.chat_templates import STABLE_HISTORY, TEMPLATES
+from tests.helpers.chat_templates import PROMPT_STABLE, TEMPLATES
 from tests.helpers.prompts import role_of
 from tests.helpers.workflows import check_call_layout, run_scripted
 
@@ -32,7 +32,7 @@ def _scripted(name):
     def respond(prompt, params):
         role = role_of(prompt)
         if role == "searcher":
-            if "<information>" in prompt:
+            if "Doc 1(Title:" in prompt:   # passages came back (the system prompt names <information> too)
                 return lead + "<report>Band 0 was formed in Town0.</report>"
             return lead + "<search>band 0 formed</search>"
         if role == "leader":
@@ -88,7 +88,7 @@ def _check_call(call, record: WorkflowRecord, name, tok, kwargs):
             convo = fold_system(msgs[:k + 1]) if not fmt.system_role else msgs[:k + 1]
             expected = tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=True, **kwargs)
             seen = tok.decode(ids)
-            if name in STABLE_HISTORY:
+            if name in PROMPT_STABLE:
                 assert seen == expected
             else:
                 # Qwen3's hybrid and Thinking templates drop an earlier turn's think block from
@@ -101,10 +101,14 @@ def _check_call(call, record: WorkflowRecord, name, tok, kwargs):
 @pytest.mark.parametrize("workflow", ["cmas", "hmas"])
 def test_both_workflows_finish_token_exactly_under_each_template(templated, workflow):
     name, tok, kwargs = templated
-    records, _engine, _retriever = run_scripted(tok, _scripted(name), workflow=workflow,
-                                                chat_template_kwargs=tuple(kwargs.items()))
+    records, _engine, retriever = run_scripted(tok, _scripted(name), workflow=workflow,
+                                               chat_template_kwargs=tuple(kwargs.items()))
     (rec,) = records
     assert rec.final_answer == "Town0"
+    # every Searcher searched once and reported after its passages: two turns, an environment turn between
+    assert sum(len(b) for b in retriever.batches) == (1 if workflow == "cmas" else 2)
+    assert all([s.source for s in c.segments] == ["env", "model", "env", "model"]
+               for c in rec.calls if c.role == "searcher")
     assert not any(c.invalid for c in rec.calls), [e.text for e in rec.events_of("invalid")]
     roles = [c.role for c in rec.calls]
     assert roles == (["searcher", "answerer"] if workflow == "cmas" else ["leader", "searcher", "searcher",
