@@ -25,6 +25,21 @@ def requests(tokenizer, count=11):
     return out
 
 
+@pytest.fixture(scope="module")
+def hf_engine(tiny_dir, tokenizer):
+    """The tiny model in float64: a batch's shape changes a float32 logit in its last bits, which
+    flips a sampled token whenever a uniform draw lands that close to a CDF boundary (about once in
+    a thousand tokens of this near-uniform random model), so which rows share a step, a matter of
+    timing on a loaded machine, would decide the test. The sampler rounds the float64 logits to
+    float32, where the batch's shape leaves them equal."""
+    from transformers import AutoModelForCausalLM
+
+    from mopd.rollout.hf_engine import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float64).eval()
+    return HFEngine(model, tokenizer)
+
+
 @pytest.fixture
 def rows_per_forward(hf_engine):
     sizes = []
