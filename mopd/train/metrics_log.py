@@ -11,7 +11,14 @@ from typing import Dict, Optional
 
 
 class MetricsLogger:
-    """Appends one JSON line per step to ``<run>/metrics.jsonl`` and events to ``events.jsonl``."""
+    """Appends one JSON line per step to ``<run>/metrics.jsonl`` and events to ``events.jsonl``.
+
+    W&B (``wandb_project``): the W&B run's id is kept in ``<run>/run.json`` (``"wandb"``, which
+    ``--resume`` keeps), and a logger of a run that has one continues that W&B run
+    (``wandb.init(id=..., resume="allow")``) instead of opening a new one at every resume. W&B
+    drops steps at or below the last it has, so the steps between the resumed checkpoint and a
+    kill, logged again, keep their first values there (metrics.jsonl is cut back and rewritten).
+    """
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = False, wandb_project: str = "",
                  config: Optional[dict] = None, enabled: bool = True):
@@ -19,6 +26,8 @@ class MetricsLogger:
         self.enabled = enabled
         self._tb = None
         self._wandb = None
+        self.wandb_resumed = False
+        """Whether this logger continues the W&B run that run.json records."""
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -33,7 +42,15 @@ class MetricsLogger:
                 import wandb
             except ImportError:
                 raise RuntimeError("trainer.wandb_project needs wandb: pip install wandb") from None
-            self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
+            from mopd.train.run_dir import record_wandb_run, wandb_run
+
+            known = wandb_run(self.run_dir)
+            resume_id = known["id"] if known and known.get("project") == wandb_project else None
+            more = {"id": resume_id, "resume": "allow"} if resume_id else {}
+            self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config or {}, **more)
+            self.wandb_resumed = resume_id is not None
+            if resume_id is None:
+                record_wandb_run(self.run_dir, self._wandb.id, wandb_project)
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         if not self.enabled:

@@ -199,10 +199,45 @@ def move_aside(out_dir: Path, now: float | None = None) -> Path:
     return dest
 
 
-def write_identity(out_dir: Path, ident: dict, changes: list | None = None) -> None:
+WANDB_KEY = "wandb"
+"""run.json's entry for the run's W&B run: ``{"id": ..., "project": ...}``. Kept by ``--resume``, so
+that the resumed run logs into the same W&B run; a fresh start (or ``--overwrite``) has none."""
+
+
+def write_identity(out_dir: Path, ident: dict, changes: list | None = None, wandb: dict | None = None) -> None:
+    """run.json: the identity, the accepted changes and (a resumed run's) W&B run (:func:`wandb_run`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     data = dict(ident, changes=changes or [])
+    if wandb:
+        data[WANDB_KEY] = wandb
     atomic_write_text(out_dir / RUN_FILE, json.dumps(data, indent=1, default=str))
+
+
+def wandb_run(out_dir: Path) -> dict | None:
+    """The W&B run recorded in ``out_dir/run.json`` (``{"id", "project"}``), or None."""
+    f = Path(out_dir) / RUN_FILE
+    try:
+        entry = json.loads(f.read_text(encoding="utf-8")).get(WANDB_KEY) if f.is_file() else None
+    except (ValueError, AttributeError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"] else None
+
+
+def record_wandb_run(out_dir: Path, run_id: str, project: str) -> bool:
+    """Keep the W&B run's id in ``out_dir/run.json`` (rewritten whole); returns whether it could (a
+    directory without run.json, a run not started by ``mopd train``, has nowhere to keep it)."""
+    f = Path(out_dir) / RUN_FILE
+    if not f.is_file():
+        return False
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except ValueError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    data[WANDB_KEY] = {"id": run_id, "project": project}
+    atomic_write_text(f, json.dumps(data, indent=1, default=str))
+    return True
 
 
 def prepare_run_dir(cfg, *, resume: bool, overwrite: bool = False, allow_changed: Sequence[str] = (),
@@ -244,7 +279,7 @@ def prepare_run_dir(cfg, *, resume: bool, overwrite: bool = False, allow_changed
             start.events.append(f"--allow-changed: {describe(accepted)}")
         if old.get("legacy"):
             start.events.append(f"{out_dir} had no {RUN_FILE}; compared with its config.yaml and recorded it")
-    write_identity(out_dir, ident, history)
+    write_identity(out_dir, ident, history, wandb=(old or {}).get(WANDB_KEY))
     return start
 
 
