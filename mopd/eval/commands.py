@@ -71,7 +71,6 @@ def _run(args) -> int:
     from mopd.eval.alignment import EvalError
     from mopd.eval.ranks import check_rank_continuation, join_ranks, run_ranked_evaluation
     from mopd.eval.runner import EvalPlan, manifest_fingerprint
-    from mopd.rollout.run_state import WorkflowSettings
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
     import torch
@@ -132,7 +131,7 @@ def _run(args) -> int:
     cfg = fit_context(cfg, args.model)
     method = args.method or Path(args.model).resolve().name
     try:   # a continued evaluation with other settings (model, retriever, engine, ...) is refused now
-        plan = EvalPlan(args.out, WorkflowSettings.for_evaluation(cfg, args.workflow), attempts=attempts,
+        plan = EvalPlan(args.out, evaluation_settings(cfg, args), attempts=attempts,
                         method=method, chunk_questions=args.chunk, keep_token_ids=args.keep_token_ids,
                         run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
                         model=model_fingerprint(args.model), retriever=retriever_id, engine=cfg.rollout.engine,
@@ -167,19 +166,41 @@ def _run(args) -> int:
     return 0
 
 
-def engine_set_by_user(args) -> bool:
-    """Whether the command line, the YAML file or the preset sets ``rollout.engine``."""
-    from mopd.config import PRESETS, RolloutConfig, normalize_overrides
+def set_by_user(args, key: str) -> bool:
+    """Whether the command line or the YAML file sets the dotted config ``key``."""
+    from mopd.config import normalize_overrides
 
-    if any(o.split("=", 1)[0].strip() == "rollout.engine" for o in normalize_overrides(list(args.overrides or []))):
+    if any(o.split("=", 1)[0].strip() == key for o in normalize_overrides(list(args.overrides or []))):
         return True
     if args.yaml_file:
         from omegaconf import OmegaConf
 
-        if OmegaConf.select(OmegaConf.load(args.yaml_file), "rollout.engine", default=None) is not None:
-            return True
+        return OmegaConf.select(OmegaConf.load(args.yaml_file), key, default=None) is not None
+    return False
+
+
+def engine_set_by_user(args) -> bool:
+    """Whether the command line, the YAML file or the preset sets ``rollout.engine``."""
+    from mopd.config import PRESETS, RolloutConfig
+
+    if set_by_user(args, "rollout.engine"):
+        return True
     return bool(args.preset) and args.preset in PRESETS and \
         PRESETS[args.preset]().rollout.engine != RolloutConfig().engine
+
+
+def evaluation_settings(cfg, args):
+    """The workflow settings of ``mopd eval run``: evaluation sampling, and the paper's step limit
+    for a workflow other than the config's, unless ``rollout.max_steps`` was set by the user (it
+    was silently replaced by 12 for ``--workflow hmas`` under the default cmas config)."""
+    import dataclasses
+
+    from mopd.rollout.run_state import WorkflowSettings
+
+    settings = WorkflowSettings.for_evaluation(cfg, args.workflow)
+    if set_by_user(args, "rollout.max_steps"):
+        settings = dataclasses.replace(settings, max_steps=cfg.rollout.max_steps)
+    return settings
 
 
 def vllm_installed() -> bool:

@@ -120,3 +120,18 @@ def test_without_vllm_a_gpu_stays_on_hf_and_says_so():
     assert cfg.rollout.engine == "hf" and "not installed" in line
     assert commands.choose_engine(cfg, engine_set=False, cuda=True, have_vllm=True).startswith("rollout.engine vllm")
     assert cfg.rollout.engine == "vllm"
+
+
+@pytest.mark.parametrize("overrides, preset, workflow, steps", [
+    (["rollout.max_steps=4"], None, "hmas", 4),      # set by the user: kept for another workflow
+    ([], None, "hmas", 12),                          # not set: the paper's H-MAS limit
+    (["rollout.max_steps=3"], "hmas_base", "hmas", 3),
+    ([], None, "cmas", 5),
+])
+def test_a_step_limit_the_user_set_is_kept_for_another_workflow(overrides, preset, workflow, steps):
+    from mopd.config import resolve
+
+    args = argparse.Namespace(overrides=overrides, yaml_file=None, preset=preset, workflow=workflow)
+    cfg = resolve(preset, overrides)
+    settings = commands.evaluation_settings(cfg, args)
+    assert (settings.workflow, settings.max_steps, settings.temperature) == (workflow, steps, 0.6)
