@@ -145,7 +145,8 @@ def evaluate(stage: EvalStage, questions, retriever, lockstep: bool, log: Log) -
     t0 = time.perf_counter()
     deterministic_torch(1)
     plan = runner.EvalPlan(stage.out, WorkflowSettings.for_evaluation(cfg, workflow), attempts=stage.attempts,
-                           method=name, model=model_fingerprint(stage.model_dir))
+                           method=name, model=model_fingerprint(stage.model_dir),
+                           manifest=runner.manifest_fingerprint(questions))   # an edited test set is a changed setting
     set_aside_if_stale(stage.out, plan.fixed_settings(), log)
     stage.begin(log)
     path = runner.evaluate(stage.model_dir, None, retriever, questions, plan, cfg, run_fn=rollout_fn(lockstep))
