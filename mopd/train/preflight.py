@@ -7,6 +7,9 @@ policy that stops searching would train on without noticing that retrieval is do
 
 from __future__ import annotations
 
+import os
+import socket
+from datetime import timedelta
 from pathlib import Path
 
 
@@ -118,10 +121,22 @@ def check_index_dir(index: str) -> None:
         raise PreflightError(f"retriever.index={index}: {e}") from None
 
 
-def check_training_inputs(cfg) -> list[str]:
-    """Everything above for a training config (model, teacher, train and dev data, retriever);
-    returns the lines to say and record about inputs that pass (dev questions that are also
-    training questions)."""
+def check_training_inputs(cfg, env=None) -> list[str]:
+    """Everything above for a training config (model, teacher, train and dev data, retriever), and
+    under torchrun the ranks (:func:`check_ranks`); returns the lines to say and record about inputs
+    that pass (dev questions that are also training questions, an uneven deal). Every rank runs
+    it: a refusal on a rank other than 0 names the rank and its host."""
+    env = os.environ if env is None else env
+    try:
+        return _check_training_inputs(cfg) + check_ranks(cfg, env)
+    except PreflightError as e:
+        if int(env.get("WORLD_SIZE", "1")) > 1 and int(env.get("RANK", "0")) != 0 and " on rank " not in str(e):
+            raise PreflightError(f"{e} (on rank {env['RANK']} of {env['WORLD_SIZE']}, host {socket.gethostname()})") \
+                from None
+        raise
+
+
+def _check_training_inputs(cfg) -> list[str]:
     check_model_path("model.path", cfg.model.path)
     if cfg.opd_roles():
         check_model_path("teacher.path", cfg.teacher.path)
@@ -136,3 +151,113 @@ def check_training_inputs(cfg) -> list[str]:
             notes.append(note)
     check_retriever(cfg.retriever)
     return notes
+
+
+# --------------------------------------------------------------------------------------------
+# Under torchrun: the ranks a step's questions are dealt to, and a run directory all of them share.
+# --------------------------------------------------------------------------------------------
+
+SHARED_CHECK_FILE = ".mopd-ranks-check"
+RANKS_WAIT = timedelta(minutes=10)
+"""How long a rank waits for the others' preflight (they start within seconds of each other)."""
+
+
+def deal_problem(per_step: int, world: int) -> tuple[str | None, str | None]:
+    """``(refusal, note)`` of dealing ``per_step`` questions a step over ``world`` ranks
+    (``QuestionSampler``: rank r takes every world-th): more ranks than questions leaves ranks with
+    nothing to train on, refused; an uneven deal is said (the rank with more sets the pace)."""
+    if world > per_step:
+        return (f"{world} ranks but trainer.questions_per_step={per_step}: a step deals its {per_step} questions "
+                f"over the ranks, so {world - per_step} rank(s) would roll out and train on nothing; run on at most "
+                f"{per_step} ranks or set trainer.questions_per_step={world} or more"), None
+    if per_step % world:
+        more = per_step % world
+        return None, (f"trainer.questions_per_step={per_step} over {world} ranks: {more} rank(s) get "
+                      f"{per_step // world + 1} questions a step and {world - more} get {per_step // world} (the "
+                      f"fuller ranks set the pace; a multiple of {world} evens it)")
+    return None, None
+
+
+def check_ranks(cfg, env=None, store=None) -> list[str]:
+    """On every rank of a torchrun launch (``WORLD_SIZE`` > 1): the deal (:func:`deal_problem`), and
+    ``trainer.out_dir`` is the directory rank 0 sees (:func:`check_shared_dir`: every rank writes its
+    checkpoint shards there and reads all of them back, so on several nodes it must be on a shared
+    filesystem). ``store``: where the ranks meet (default: torchrun's own store, before any process
+    group exists; without one the directory check is skipped). Returns the notes to say."""
+    env = os.environ if env is None else env
+    world = int(env.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return []
+    refusal, note = deal_problem(cfg.trainer.questions_per_step, world)
+    if refusal:
+        raise PreflightError(refusal)
+    if store is None:
+        store = launcher_store(env)
+    if store is not None:
+        prefix = f"mopd/preflight/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        check_shared_dir("trainer.out_dir", cfg.trainer.out_dir, int(env.get("RANK", "0")), world, store, prefix)
+    return [note] if note else []
+
+
+def launcher_store(env):
+    """A client of the key-value store torchrun's agent serves its workers (``MASTER_ADDR``:
+    ``MASTER_PORT`` where ``TORCHELASTIC_USE_AGENT_STORE`` is True, torchrun's default), or None."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=RANKS_WAIT)
+    except RuntimeError:   # not reachable: the process group's start will say so
+        return None
+
+
+def check_shared_dir(key: str, path: str, rank: int, world: int, store, prefix: str = "mopd/preflight") -> None:
+    """Rank 0 writes a fresh token into ``path`` and every other rank must read it back from its own
+    ``path``: a node whose ``path`` is another directory (a local disk, another mount) is refused in
+    one line, on that rank and on rank 0. The token file is removed afterwards (and ``path`` with
+    it, when this check made it and it is still empty)."""
+    import secrets
+
+    d = Path(path).expanduser()
+    token_file, host = d / SHARED_CHECK_FILE, socket.gethostname()
+    base = f"{prefix}/{key}"
+    if rank == 0:
+        made = not d.exists()
+        d.mkdir(parents=True, exist_ok=True)
+        token = f"{host}:{os.getpid()}:{secrets.token_hex(8)}"
+        token_file.write_text(token, encoding="utf-8")
+        store.set(f"{base}/token", token)
+        try:
+            store.wait([f"{base}/seen/{r}" for r in range(1, world)], RANKS_WAIT)
+            answers = [store.get(f"{base}/seen/{r}").decode() for r in range(1, world)]
+        except RuntimeError:   # torch's DistStoreError: a rank that never got here
+            raise PreflightError(f"not every rank checked {key}={path} within {RANKS_WAIT.seconds // 60} minutes "
+                                 "(a rank that failed its own preflight, or could not start)") from None
+        finally:
+            token_file.unlink(missing_ok=True)
+            if made:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+        bad = [a for a in answers if a != "ok"]
+        if bad:
+            raise PreflightError(f"{len(bad)} of {world - 1} other ranks do not see {key}={path} as this rank "
+                                 f"does; the first: {bad[0]}")
+        return
+    try:
+        token = store.get(f"{base}/token").decode()
+    except RuntimeError:
+        raise PreflightError(f"rank 0 did not check {key}={path} within {RANKS_WAIT.seconds // 60} minutes") from None
+    try:
+        seen = token_file.read_text(encoding="utf-8") if token_file.is_file() else None
+    except OSError:
+        seen = None
+    answer = "ok" if seen == token else (
+        f"{key}={path} on rank {rank} (host {host}) is not the directory rank 0 (host {token.split(':')[0]}) "
+        "writes: every rank writes its checkpoint shards there and reads them all back, so on several nodes "
+        "it must be on a filesystem all of them share (as the model, the data and the teacher)")
+    store.set(f"{base}/seen/{rank}", answer)
+    if answer != "ok":
+        raise PreflightError(answer)
