@@ -30,7 +30,8 @@ def test_the_papers_stages_in_order_with_their_commands():
     assert s["stage1.export"].command(cfg) == ["mopd", "export", "runs/paper/stage1", "--checkpoint", "best", "--out",
                                                "runs/paper/stage1/export"]
     ev = s["eval.multiagent_opd"].command(cfg)
-    assert ev[:14] == ["mopd", "eval", "run", "--model", "runs/paper/stage2/export", "--workflow", "hmas", "--manifest",
+    assert ev[:18] == ["torchrun", "--nproc_per_node", "8", "-m",     # data-parallel: one rank a GPU
+                       "mopd", "eval", "run", "--model", "runs/paper/stage2/export", "--workflow", "hmas", "--manifest",
                        "splits/test.jsonl", "--attempts", "4", "--out", "runs/paper/eval/multiagent_opd", "--method"]
     assert "--preset" in ev and "hmas_base" in ev and "rollout.engine=vllm" in ev and "retriever.kind=http" in ev
     rep = s["report"].command(cfg)
