@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from mopd.config import RetrieverConfig
-from mopd.pipeline.stages import EvalStage, ExportStage, TrainStage
+from mopd.pipeline.stages import EvalStage, ExportStage, TrainStage, move_aside
 
 Log = Callable[[str], None]
 
@@ -163,14 +163,8 @@ def set_aside_if_stale(out: Path, settings: dict, log: Log) -> None:
     weights, silently reused."""
     from mopd.eval.runner import settings_changes
 
-    if not settings_changes(out, settings):
-        return
-    n = 1
-    while out.with_name(f"{out.name}.replaced-{n}").exists():
-        n += 1
-    aside = out.with_name(f"{out.name}.replaced-{n}")
-    out.rename(aside)
-    log(f"{out} was evaluated with another model or settings: moved to {aside}")
+    if settings_changes(out, settings):
+        move_aside(out, log, "was evaluated with another model or settings")
 
 
 def _evaluate_in_worker(stage: EvalStage, questions, retriever: RetrieverConfig, lockstep: bool,

@@ -36,6 +36,18 @@ LIMIT_KEYS = ("max_input_tokens", "max_output_tokens", "max_steps", "max_rounds"
 workflow: a system is evaluated in the workflow it was trained in."""
 
 
+def move_aside(d: Path, log, why: str) -> Path:
+    """Move ``d`` to the first free ``d.replaced-N`` (never deleted: it is someone's earlier work),
+    saying so in one line; returns where it went."""
+    n = 1
+    while d.with_name(f"{d.name}.replaced-{n}").exists():
+        n += 1
+    aside = d.with_name(f"{d.name}.replaced-{n}")
+    d.rename(aside)
+    log(f"{d} {why}: moved to {aside}")
+    return aside
+
+
 def stage_fingerprint(cfg: Config) -> str:
     """What a finished training stage was trained with: its steps and the hash of its resolved config."""
     from mopd.config import to_yaml
@@ -114,12 +126,7 @@ class Stage:
             return
         started = read_marker(d / STARTED)
         if started is not None and started != self.identity():
-            n = 1
-            while d.with_name(f"{d.name}.replaced-{n}").exists():
-                n += 1
-            aside = d.with_name(f"{d.name}.replaced-{n}")
-            d.rename(aside)
-            log(f"{d} holds a build of other settings or inputs: moved to {aside}")
+            move_aside(d, log, "holds a build of other settings or inputs")
         d.mkdir(parents=True, exist_ok=True)
         (d / STARTED).write_text(self.identity())
 

@@ -15,6 +15,7 @@ import pytest
 
 from mopd.cli import main
 from tests.reliability.indexes import bm25_index, copy_index, flat_index, flat_vectors, truncate
+from tests.helpers.cli import one_line_error
 
 
 @pytest.fixture(autouse=True)
@@ -41,14 +42,6 @@ def no_serving(monkeypatch):
     monkeypatch.setattr(server, "serve", lambda *a, **k: pytest.fail("the server started"))
 
 
-def _one_line(capsys, argv, *needles):
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert err.startswith(f"mopd {argv[0]}: error: ") and "\n" not in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 def _search(index, *extra):
@@ -75,10 +68,10 @@ def test_an_index_without_meta_json(bm25, tmp_path, capsys, no_serving, tiny_mod
     d = copy_index(bm25, tmp_path / "index")
     (d / "meta.json").unlink()
     for argv in (_search(d), _serve(d)):
-        _one_line(capsys, argv, f"{d} is not a finished index directory: no meta.json")
-    _one_line(capsys, _train(tiny_model_dir, qa_file, tmp_path / "run", f"retriever.index={d}"), "no meta.json")
+        one_line_error(capsys, argv, f"{d} is not a finished index directory: no meta.json")
+    one_line_error(capsys, _train(tiny_model_dir, qa_file, tmp_path / "run", f"retriever.index={d}"), "no meta.json")
     assert not (tmp_path / "run").exists()
-    _one_line(capsys, _eval(tiny_model_dir, qa_file, tmp_path / "ev", f"retriever.index={d}"), "no meta.json")
+    one_line_error(capsys, _eval(tiny_model_dir, qa_file, tmp_path / "ev", f"retriever.index={d}"), "no meta.json")
 
 
 BM25_FILES = ["data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "params.index.json",
@@ -89,13 +82,13 @@ BM25_FILES = ["data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.n
 def test_a_truncated_bm25_file(bm25, tmp_path, capsys, name):
     d = copy_index(bm25, tmp_path / "index")
     truncate(d / "bm25" / name)
-    _one_line(capsys, _search(d), f"{d / 'bm25' / name}", "truncated or damaged")
+    one_line_error(capsys, _search(d), f"{d / 'bm25' / name}", "truncated or damaged")
 
 
 def test_a_truncated_bm25_file_is_refused_before_training(bm25, tmp_path, capsys, tiny_model_dir, qa_file):
     d = copy_index(bm25, tmp_path / "index")
     truncate(d / "bm25" / "vocab.index.json")
-    _one_line(capsys, _train(tiny_model_dir, qa_file, tmp_path / "run", f"retriever.index={d}"),
+    one_line_error(capsys, _train(tiny_model_dir, qa_file, tmp_path / "run", f"retriever.index={d}"),
               f"retriever.index={d}", "vocab.index.json")
     assert not (tmp_path / "run").exists()
 
@@ -139,8 +132,8 @@ def test_a_faiss_index_that_does_not_fit_its_meta_json(flat, tmp_path, capsys, n
     """serve used to start on these and answer every request with 500."""
     d = copy_index(flat, tmp_path / "index")
     damage(d)
-    _one_line(capsys, _search(d), message)
-    _one_line(capsys, _serve(d), message)
+    one_line_error(capsys, _search(d), message)
+    one_line_error(capsys, _serve(d), message)
 
 
 def test_serve_refuses_an_index_that_cannot_answer(bm25, capsys, no_serving, monkeypatch):
@@ -150,7 +143,7 @@ def test_serve_refuses_an_index_that_cannot_answer(bm25, capsys, no_serving, mon
         raise RuntimeError("index read failed")
 
     monkeypatch.setattr(BM25Index, "search", broken)
-    _one_line(capsys, _serve(bm25), f"{bm25} cannot answer a search (RuntimeError: index read failed)")
+    one_line_error(capsys, _serve(bm25), f"{bm25} cannot answer a search (RuntimeError: index read failed)")
 
 
 def test_the_intact_indexes_pass_the_checks(bm25, flat):
@@ -206,7 +199,7 @@ def test_a_retriever_answer_of_the_wrong_shape(answering, capsys, body):
     with pytest.raises(RetrieverUnavailable, match="answered in a shape this client cannot read") as e:
         HttpRetriever(url, retries=0).search(["q"], 1)
     assert "\n" not in str(e.value)
-    _one_line(capsys, ["retriever", "search", "--url", url, "q"], "answered in a shape")
+    one_line_error(capsys, ["retriever", "search", "--url", url, "q"], "answered in a shape")
 
 
 def test_a_retriever_answer_of_the_right_shapes_still_reads(answering):
@@ -263,9 +256,9 @@ MODEL_CASES = [(_truncated_safetensors, "model.safetensors is truncated"),
 @pytest.mark.parametrize("damage,message", MODEL_CASES, ids=[f.__name__.strip("_") for f, _ in MODEL_CASES])
 def test_model_files_that_do_not_load(model, tmp_path, capsys, qa_file, damage, message):
     damage(model)
-    _one_line(capsys, _eval(model, qa_file, tmp_path / "ev", "retriever.index=bundled"), message)
+    one_line_error(capsys, _eval(model, qa_file, tmp_path / "ev", "retriever.index=bundled"), message)
     assert not (tmp_path / "ev").exists()
-    _one_line(capsys, _train(model, qa_file, tmp_path / "run"), message)
+    one_line_error(capsys, _train(model, qa_file, tmp_path / "run"), message)
     assert not (tmp_path / "run" / "run.json").exists()        # the corrected rerun is not refused
 
 
@@ -274,13 +267,13 @@ def test_model_files_that_do_not_load(model, tmp_path, capsys, qa_file, damage, 
 
 @pytest.mark.parametrize("port", ["70000", "-1"])
 def test_serve_on_a_port_that_is_not_one(bm25, capsys, no_serving, port):
-    _one_line(capsys, ["retriever", "serve", "--index", str(bm25), "--port", port], f"--port {port} is not a TCP port")
+    one_line_error(capsys, ["retriever", "serve", "--index", str(bm25), "--port", port], f"--port {port} is not a TCP port")
 
 
 @pytest.mark.parametrize("k", ["0", "-2"])
 def test_search_k_below_one(bm25, capsys, k):
-    _one_line(capsys, _search(bm25, "-k", k), f"-k {k}")
-    _one_line(capsys, ["retriever", "search", "--url", "http://127.0.0.1:9", "-k", k, "q"], f"-k {k}")
+    one_line_error(capsys, _search(bm25, "-k", k), f"-k {k}")
+    one_line_error(capsys, ["retriever", "search", "--url", "http://127.0.0.1:9", "-k", k, "q"], f"-k {k}")
 
 
 def test_eval_report_out_that_is_a_file(tmp_path, capsys):
@@ -288,18 +281,18 @@ def test_eval_report_out_that_is_a_file(tmp_path, capsys):
     f.write_text("mine\n")
     records = tmp_path / "records.jsonl"
     records.write_text("")
-    _one_line(capsys, ["eval", "report", str(records), "--out", str(f)], f"--out {f} is a file")
+    one_line_error(capsys, ["eval", "report", str(records), "--out", str(f)], f"--out {f} is a file")
     assert f.read_text() == "mine\n"
 
 
 def test_negative_limit_is_refused_before_anything_is_written(tiny_model_dir, qa_file, tmp_path, capsys):
-    _one_line(capsys, _eval(tiny_model_dir, qa_file, tmp_path / "ev", "--limit", "-3"), "--limit -3")
+    one_line_error(capsys, _eval(tiny_model_dir, qa_file, tmp_path / "ev", "--limit", "-3"), "--limit -3")
     assert not (tmp_path / "ev").exists()
 
 
 def test_negative_steps_is_refused_before_anything_is_written(tiny_model_dir, qa_file, tmp_path, capsys):
     run = tmp_path / "run"
-    _one_line(capsys, ["train", "--steps", "-1", *_train(tiny_model_dir, qa_file, run)[1:]], "--steps -1")
+    one_line_error(capsys, ["train", "--steps", "-1", *_train(tiny_model_dir, qa_file, run)[1:]], "--steps -1")
     assert not run.exists()
 
 
@@ -308,7 +301,7 @@ def test_negative_steps_is_refused_before_anything_is_written(tiny_model_dir, qa
 
 def test_the_run_directory_cannot_be_the_model_directory(model, qa_file, capsys):
     before = sorted(p.name for p in model.iterdir())
-    _one_line(capsys, _train(model, qa_file, model), f"trainer.out_dir={model} is model.path")
+    one_line_error(capsys, _train(model, qa_file, model), f"trainer.out_dir={model} is model.path")
     assert sorted(p.name for p in model.iterdir()) == before
 
 
@@ -327,7 +320,7 @@ def test_an_edited_chat_template_is_a_changed_setting_on_resume(model, qa_file, 
     template = model / "chat_template.jinja"
     template.write_text(template.read_text().replace("<|im_start|>assistant", "<|im_start|>helper"))
     argv = ["train", "--resume", *_train(model, qa_file, run)[1:]]
-    _one_line(capsys, argv, "model.chat_template")
+    one_line_error(capsys, argv, "model.chat_template")
 
 
 def test_the_chat_template_of_tokenizer_config_is_part_of_the_fingerprint(model):

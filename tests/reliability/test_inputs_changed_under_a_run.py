@@ -15,6 +15,7 @@ import pytest
 
 from mopd.cli import main
 from tests.reliability.indexes import bm25_index, write_corpus
+from tests.helpers.cli import one_line_error
 
 ROWS = 200          # about 18 KB: the row searched for lies pages past the rewritten file's end
 
@@ -29,18 +30,6 @@ def index(tmp_path):
     return bm25_index(tmp_path / "r", n=ROWS)
 
 
-def _one_line(capsys, argv, *needles, progress=False):
-    """``argv`` fails with one error line (after the progress lines of a build, with ``progress``)."""
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert "Traceback" not in err, err
-    if progress:
-        err = err.splitlines()[-1]
-    assert err.startswith(f"mopd {argv[0]}: error: ") and "\n" not in err, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 PROBE = textwrap.dedent("""
@@ -125,17 +114,17 @@ def _edit_row(corpus, row=3):
 def test_an_index_whose_corpus_changed_since_it_was_built_is_refused_where_it_loads(
         index, tmp_path, capsys, tiny_model_dir, qa_file, monkeypatch):
     _edit_row(tmp_path / "r" / "corpus.jsonl")
-    _one_line(capsys, ["retriever", "search", "--index", str(index), "band"], "corpus mismatch")
+    one_line_error(capsys, ["retriever", "search", "--index", str(index), "band"], "corpus mismatch")
     import mopd.retriever.server as server
 
     monkeypatch.setattr(server, "serve", lambda *a, **k: pytest.fail("serve started on a mismatched index"))
-    _one_line(capsys, ["retriever", "serve", "--index", str(index), "--port", "0"], "corpus mismatch")
+    one_line_error(capsys, ["retriever", "serve", "--index", str(index), "--port", "0"], "corpus mismatch")
     run = tmp_path / "run"
-    _one_line(capsys, ["train", "tiny_cmas_rl", f"model.path={tiny_model_dir}", f"data.train={qa_file}",
+    one_line_error(capsys, ["train", "tiny_cmas_rl", f"model.path={tiny_model_dir}", f"data.train={qa_file}",
                        f"trainer.out_dir={run}", f"retriever.index={index}"], f"retriever.index={index}",
               "corpus mismatch")
     assert not run.exists()                     # refused in preflight, before anything is written
-    _one_line(capsys, ["eval", "run", "--model", tiny_model_dir, "--workflow", "cmas", "--manifest", qa_file,
+    one_line_error(capsys, ["eval", "run", "--model", tiny_model_dir, "--workflow", "cmas", "--manifest", qa_file,
                        "--out", str(tmp_path / "ev"), f"retriever.index={index}"], "corpus mismatch")
 
 
@@ -168,11 +157,11 @@ def test_a_build_stopped_at_a_bad_row_builds_again_once_the_row_is_fixed(tmp_pat
     out.mkdir()                                 # an existing --out: the CLI does not remove it on failure
     argv = ["retriever", "build-index", "--corpus", str(corpus), "--index-kind", kind, "--out", str(out),
             "--chunk-size", "4", "--device", "cpu"]
-    _one_line(capsys, argv, "row 9", progress=True)
+    one_line_error(capsys, argv, "row 9", progress=True)
     if kind == "flat":                          # two chunks were encoded before the bad row's
         assert len(list((out / "build").glob("chunk_*.npy"))) == 2
         other = write_corpus(tmp_path / "other.jsonl", 12, word="Choir")
-        _one_line(capsys, argv[:3] + [str(other)] + argv[4:], "interrupted build with other settings", progress=True)
+        one_line_error(capsys, argv[:3] + [str(other)] + argv[4:], "interrupted build with other settings", progress=True)
     corpus.write_text(good)
     assert main(argv) == 0, capsys.readouterr().err
     assert "starting the build afresh" in capsys.readouterr().err

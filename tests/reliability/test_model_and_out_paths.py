@@ -8,17 +8,9 @@ import shutil
 
 import pytest
 
-from mopd.cli import main
+from tests.helpers.cli import one_line_error
 
 
-def _one_line(capsys, argv, *needles):
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert err.startswith(f"mopd {argv[0]}: error: ") and "\n" not in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 @pytest.fixture()
@@ -56,7 +48,7 @@ CASES = [("no tokenizer files", "has no usable tokenizer"), ("only tokenizer.jso
 @pytest.mark.parametrize("how,message", CASES)
 def test_eval_refuses_a_model_it_cannot_load(broken_model, qa_file, tmp_path, capsys, how, message):
     _damage(broken_model, how)
-    _one_line(capsys, _eval(broken_model, qa_file, tmp_path / "ev"), message)
+    one_line_error(capsys, _eval(broken_model, qa_file, tmp_path / "ev"), message)
     assert not (tmp_path / "ev").exists()
 
 
@@ -64,7 +56,7 @@ def test_eval_refuses_a_model_it_cannot_load(broken_model, qa_file, tmp_path, ca
 def test_train_refuses_a_model_it_cannot_load_and_writes_nothing(broken_model, qa_file, tmp_path, capsys, how,
                                                                 message):
     _damage(broken_model, how)
-    _one_line(capsys, _train(broken_model, qa_file, tmp_path / "run"), "model.path=", message)
+    one_line_error(capsys, _train(broken_model, qa_file, tmp_path / "run"), "model.path=", message)
     assert not (tmp_path / "run").exists()      # no run.json left behind to refuse the corrected rerun
 
 
@@ -73,8 +65,8 @@ def test_a_run_directory_as_model_says_to_export_it(tiny_model_dir, qa_file, tmp
     (run / "checkpoints" / "step_000001").mkdir(parents=True)
     (run / "run.json").write_text("{}")
     hint = "this is a run directory; export it with `mopd export RUN --out DIR`"
-    _one_line(capsys, _eval(run, qa_file, tmp_path / "ev"), f"--model {run}: {hint}")
-    _one_line(capsys, _train(run, qa_file, tmp_path / "r2"), f"model.path={run}: {hint}")
+    one_line_error(capsys, _eval(run, qa_file, tmp_path / "ev"), f"--model {run}: {hint}")
+    one_line_error(capsys, _train(run, qa_file, tmp_path / "r2"), f"model.path={run}: {hint}")
 
 
 def test_eval_out_that_is_a_file_is_refused_before_the_model_loads(tiny_model_dir, qa_file, tmp_path, capsys,
@@ -87,8 +79,8 @@ def test_eval_out_that_is_a_file_is_refused_before_the_model_loads(tiny_model_di
     monkeypatch.setattr(engine, "build_engine", no_load)
     f = tmp_path / "results"
     f.write_text("user data\n")
-    _one_line(capsys, _eval(tiny_model_dir, qa_file, f), f"--out {f} is a file")
-    _one_line(capsys, _eval(tiny_model_dir, qa_file, f / "sub"), f"is under {f}, which is a file")
+    one_line_error(capsys, _eval(tiny_model_dir, qa_file, f), f"--out {f} is a file")
+    one_line_error(capsys, _eval(tiny_model_dir, qa_file, f / "sub"), f"is under {f}, which is a file")
     assert f.read_text() == "user data\n"
 
 
@@ -97,7 +89,7 @@ def test_train_out_dir_that_is_or_is_under_a_file(tiny_model_dir, qa_file, tmp_p
     f = tmp_path / "notes.txt"
     f.write_text("keep me\n")
     out = f if where == "file" else f / "run"
-    _one_line(capsys, _train(tiny_model_dir, qa_file, out), f"trainer.out_dir={out}")
+    one_line_error(capsys, _train(tiny_model_dir, qa_file, out), f"trainer.out_dir={out}")
     assert f.read_text() == "keep me\n"
 
 
@@ -109,9 +101,9 @@ def test_read_only_run_directory_is_refused_before_training(tiny_model_dir, qa_f
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **k: False if str(p).endswith("checkpoints")
                         else real(p, mode, **k))
-    _one_line(capsys, _train(tiny_model_dir, qa_file, out), f"{out / 'checkpoints'} is read-only")
+    one_line_error(capsys, _train(tiny_model_dir, qa_file, out), f"{out / 'checkpoints'} is read-only")
     assert sorted(os.listdir(out)) == ["checkpoints"]
 
 
 def test_file_that_is_a_directory_says_so(tmp_path, capsys):
-    _one_line(capsys, ["config", "show", "--file", str(tmp_path), "tiny_cmas_rl"], "is a directory")
+    one_line_error(capsys, ["config", "show", "--file", str(tmp_path), "tiny_cmas_rl"], "is a directory")
