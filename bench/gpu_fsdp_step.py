@@ -52,7 +52,11 @@ def init_single_process_group(cuda: bool) -> None:
 
 
 def random_batches(vocab: int, n: int, tokens: int, seed: int):
-    """``n`` packed micro-batches of about ``tokens`` tokens: calls of 64..1024 tokens, roles mixed."""
+    """``n`` packed micro-batches of about ``tokens`` tokens: calls of 64..1024 tokens (at most half
+    a micro-batch, so each holds two calls or more), their roles in turn (Leader, Searcher, Answerer,
+    ...), so every micro-batch has Searcher calls and others: the partial teacher pass is checked on
+    a mix. (The roles were drawn at random: the tiny tokenizer's vocabulary changed with the role
+    prompts, which changed the draws, and a dry-run micro-batch ended up with no Searcher call.)"""
     import random
 
     from mopd.train.packing import build_packed_batch
@@ -62,10 +66,10 @@ def random_batches(vocab: int, n: int, tokens: int, seed: int):
     for _ in range(n):
         toks, roles, total = [], [], 0
         while total < tokens:
-            length = min(rng.randint(64, 1024) // 8 * 8 or 8, tokens - total)
+            length = min(rng.randint(64, 1024) // 8 * 8 or 8, tokens - total, max(8, tokens // 2))
             if length < 2:
                 break
-            role = rng.choice([0, 1, 2])
+            role = len(toks) % 3
             toks.append([rng.randrange(3, vocab) for _ in range(length)])
             roles.append([-1] * (length // 2) + [role] * (length - length // 2))
             total += length
