@@ -12,6 +12,7 @@ listed, with its reason, in ``docs/method.md``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -673,6 +674,35 @@ def normalize_overrides(args: List[str]) -> List[str]:
     return out
 
 
+class _UnknownKey(ConfigError):
+    """A key the schema does not have (``resolve`` adds the valid keys and close matches)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"unknown config key {key!r}")
+        self.key = key
+
+
+@contextlib.contextmanager
+def omegaconf_errors(what: str = "config"):
+    """OmegaConf's and the dataclass checks' errors inside the block as one-line ``ConfigError``s:
+    a bad value names its key; anything else is ``bad WHAT: ...``."""
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    try:
+        yield
+    except ConfigKeyError as e:
+        raise _UnknownKey(getattr(e, "full_key", None) or str(e)) from None
+    except ValidationError as e:
+        msg = (e.msg or str(e) or type(e).__name__).splitlines()[0]
+        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {msg}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad {what}: {str(e).splitlines()[0]}") from None
+    except ConfigError:
+        raise
+    except ValueError as e:   # a check in a dataclass's __post_init__
+        raise ConfigError(str(e)) from None
+
+
 OPEN_MAPS = ("model.chat_template_kwargs",)
 """Fields that take any keys (``model.chat_template_kwargs.enable_thinking=false``)."""
 
@@ -736,7 +766,6 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
             yaml_file: Optional[str] = None) -> Config:
     """Build the config of a run: a preset (or the defaults), then a YAML file, then overrides."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
     if preset_name is None:
         base = Config()
@@ -781,23 +810,15 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
                 raise ConfigError(f"unknown config key {key!r}{hint}.{more}")
         layers.append(OmegaConf.from_dotlist(items))
     try:
-        merged = OmegaConf.merge(schema, *layers)
-        _check_role_choices(merged)
-        cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as e:
-        key = getattr(e, "full_key", None) or str(e)
+        with omegaconf_errors("config"):
+            merged = OmegaConf.merge(schema, *layers)
+            _check_role_choices(merged)
+            cfg = OmegaConf.to_object(merged)
+    except _UnknownKey as e:
+        key = e.key
         close = difflib.get_close_matches(str(key), valid, n=3)
         raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {close}?" if close else "")
                           + f" Valid keys: {valid}") from None
-    except ValidationError as e:
-        msg = (e.msg or str(e) or type(e).__name__).splitlines()[0]
-        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {msg}") from None
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad config: {e}") from None
-    except ConfigError:
-        raise
-    except ValueError as e:   # a check of a type the config borrows (RoleSpec)
-        raise ConfigError(str(e)) from None
     return cfg
 
 

@@ -10,7 +10,7 @@ import difflib
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Union
 
-from mopd.config import ConfigError, RetrieverConfig, normalize_overrides
+from mopd.config import ConfigError, RetrieverConfig, normalize_overrides, omegaconf_errors
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
                                   SystemConfig, TrainStageConfig)
 
@@ -98,7 +98,6 @@ def show_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[
 
 def _merged(preset, overrides, yaml_file):
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException, ValidationError
 
     from mopd.config import _check_yaml_shape, _empty_string, _valid_keys
 
@@ -136,29 +135,15 @@ def _merged(preset, overrides, yaml_file):
                                   "overrides=[KEY=VALUE,...] or stageN.overrides)")
             items.append(f"{key}={_empty_string(schema, key, value)}")
         layers.append(OmegaConf.from_dotlist(items))
-    try:
+    with omegaconf_errors("pipeline config"):
         return OmegaConf.merge(schema, *layers)
-    except ValidationError as e:
-        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {(e.msg or str(e)).splitlines()[0]}") from None
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad pipeline config: {str(e).splitlines()[0]}") from None
 
 
 def _checked(merged) -> PipelineConfig:
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-    try:
+    with omegaconf_errors("pipeline config"):
         return OmegaConf.to_object(merged)
-    except ValidationError as e:
-        msg = (e.msg or str(e) or type(e).__name__).splitlines()[0]
-        raise ConfigError(f"bad value for {getattr(e, 'full_key', '?')!r}: {msg}") from None
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad pipeline config: {str(e).splitlines()[0]}") from None
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 def pipeline_yaml(cfg: PipelineConfig) -> str:

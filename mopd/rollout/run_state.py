@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import TYPE_CHECKING, Callable, List, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 from mopd.core.records import Event, Passage, WorkflowRecord
 from mopd.core.roles import role as role_spec
 from mopd.rollout.sampling import derive_seed
+
+if TYPE_CHECKING:
+    from mopd.rollout.transcript import Transcript
 
 
 @dataclass(frozen=True)
