@@ -94,7 +94,16 @@ class ModelConfig:
     use_liger: bool = True
     """Use Liger's RMSNorm/SwiGLU/RoPE kernels on CUDA when liger-kernel is installed."""
     attn_implementation: str = "auto"
-    """auto (flash-attn varlen on CUDA when installed, else a block-diagonal masked SDPA), sdpa, eager."""
+    """Attention of the training forward and the no-grad scoring passes (pi_old, teacher,
+    reference) over a packed micro-batch. ``auto``: on CUDA flash-attn's varlen kernel when
+    flash-attn is installed, else ``varlen``, else ``sdpa``; on CPU ``sdpa``. ``flash``:
+    flash-attn's varlen kernel (CUDA, flash-attn installed). ``varlen``: torch's own FlashAttention
+    varlen kernel (``torch.nn.attention.varlen``; CUDA, torch 2.10 and later), no flash-attn
+    needed. ``flex``: FlexAttention with a per-call causal block mask, compiled once (CPU or
+    CUDA; FlexAttention has no CPU backward, so the CPU update runs ``packed_sdpa``'s attention).
+    ``packed_sdpa``: one SDPA call per agent call over the packed row (any device). These four
+    run every layer on the packed tokens only. ``sdpa`` and ``eager``: the calls laid out as a
+    right-padded [calls, longest] batch, so every layer also runs on the padding."""
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra variables for every chat-template rendering of every call, in rollouts, evaluation and
     training alike (e.g. ``model.chat_template_kwargs.enable_thinking=false`` for Qwen3's hybrid
@@ -102,7 +111,8 @@ class ModelConfig:
 
     def __post_init__(self):
         _choice("model.dtype", self.dtype, DTYPES)
-        _choice("model.attn_implementation", self.attn_implementation, {"auto", "sdpa", "eager", "flash"})
+        _choice("model.attn_implementation", self.attn_implementation,
+                {"auto", "sdpa", "eager", "flash", "varlen", "flex", "packed_sdpa"})
 
 
 @dataclass

@@ -34,18 +34,52 @@ def flash_attn_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
+ATTN_CHOICES = ("auto", "sdpa", "eager", "flash", "varlen", "flex", "packed_sdpa")
+"""``model.attn_implementation``'s values (mopd/config.py says what each one means)."""
+
+CPU_AUTO_ATTN = "sdpa"
+"""What ``auto`` runs on CPU (bench/bench_packed_attention.py measured the alternatives)."""
+
+
+def choose_attn(attn: str, device: torch.device) -> str:
+    """The transformers attention implementation for ``model.attn_implementation=attn`` on ``device``.
+
+    ``auto``: on CUDA flash-attn's varlen kernel when flash-attn is installed, else torch's own
+    varlen_attn (torch 2.10+), else the padded SDPA batch; on CPU ``CPU_AUTO_ATTN``. A choice the
+    machine cannot run is refused in one line (ModelLoadError)."""
+    from mopd.train import packed_attention as pa
+
+    on_cuda = device.type == "cuda"
+    if attn == "auto":
+        if on_cuda and flash_attn_available():
+            return "flash_attention_2"
+        if on_cuda and pa.varlen_available():
+            return pa.VARLEN
+        return {"packed_sdpa": pa.SEGMENTS, "flex": pa.FLEX}.get(CPU_AUTO_ATTN, "sdpa") if not on_cuda else "sdpa"
+    if attn == "flash":
+        if not (on_cuda and flash_attn_available()):
+            raise ModelLoadError("model.attn_implementation=flash needs CUDA and flash-attn "
+                                 "(pip install 'multiagent-opd[gpu]')")
+        return "flash_attention_2"
+    if attn == "varlen":
+        if not (on_cuda and pa.varlen_available()):
+            raise ModelLoadError(f"model.attn_implementation=varlen needs a CUDA device and torch>=2.10 "
+                                 f"(torch.nn.attention.varlen); here: device {device.type}, torch {torch.__version__}: "
+                                 f"use auto, packed_sdpa or flex")
+        return pa.VARLEN
+    return {"flex": pa.FLEX, "packed_sdpa": pa.SEGMENTS}.get(attn, attn)
+
+
 def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn: str = "auto",
                    use_liger: bool = False) -> Tuple[nn.Module, object]:
     """Load a Hugging Face causal LM and its tokenizer from a local directory (or the HF cache)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if attn == "auto":
-        attn = "flash_attention_2" if flash_attn_available() else "sdpa"
-    elif attn == "flash":
-        if not flash_attn_available():
-            raise ModelLoadError("model.attn_implementation=flash needs CUDA and flash-attn "
-                                 "(pip install 'multiagent-opd[gpu]')")
-        attn = "flash_attention_2"
+    from mopd.train import packed_attention
+
+    attn = choose_attn(attn, device)
+    if attn in packed_attention.NAMES:
+        packed_attention.register()
     if not Path(path).exists() and "/" not in path:
         raise ModelLoadError(f"model path {path!r} does not exist")
     if use_liger and device.type == "cuda":
@@ -106,15 +140,23 @@ def flash_varlen_kwargs(batch: PackedBatch) -> dict:
 def packed_hidden(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
     """Final hidden states [L, H] of a packed micro-batch, each sequence attending only to itself.
 
-    With flash-attn (CUDA) the restarting position ids mark the sequences (varlen kernel, no
-    padding). Otherwise the sequences are laid out as a right-padded [S, max_len] batch for SDPA
-    and unpadded afterwards: attention then costs sum_s max_len^2 instead of the L^2 of one
-    block-diagonal row (20x less for 8k-token micro-batches of 400-token calls).
+    Packed (one [1, L] row, no padding; restarting position ids for RoPE): flash-attn's varlen
+    kernel, or one of ``mopd.train.packed_attention``'s (torch's varlen_attn, FlexAttention,
+    per-call SDPA), each handed the boundaries computed once here. Otherwise (``sdpa``,
+    ``eager``) the sequences are laid out as a right-padded [S, max_len] batch and unpadded
+    afterwards: every layer then also runs on S * max_len - L padding tokens.
     """
+    from mopd.train import packed_attention
+
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     if impl == "flash_attention_2":
         out = model.model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
                           **flash_varlen_kwargs(batch))
+        return out.last_hidden_state[0]
+    if impl in packed_attention.NAMES:
+        kwargs = packed_attention.packed_kwargs(impl, batch.cu_seqlens, batch.input_ids.device)
+        out = model.model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
+                          **kwargs)
         return out.last_hidden_state[0]
     lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
     if len(lengths) == 1:
