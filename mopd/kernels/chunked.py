@@ -162,7 +162,8 @@ class TorchRowPass:
             L.mul_(inv_t)
         return L
 
-    def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t: float) -> "ChunkSoftmax":
+    def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t: float,
+                 with_entropy: bool = True) -> "ChunkSoftmax":
         L = self._shifted(z, inv_t)
         m = L.amax(dim=1)
         L.sub_(m.unsqueeze(1))  # L = s - m
@@ -170,9 +171,10 @@ class TorchRowPass:
         s = torch.empty_like(m)  # sum e (s - m)
         for rows, Lt, Et in self._tiles(L):
             d[rows] = Et.sum(dim=1)
-            s[rows] = torch.bmm(Et.unsqueeze(1), Lt.unsqueeze(2)).view(-1)  # no [rows, V] temporary
+            if with_entropy:
+                s[rows] = torch.bmm(Et.unsqueeze(1), Lt.unsqueeze(2)).view(-1)  # no [rows, V] temporary
         log_d = torch.log(d)
-        entropy = log_d - s / d
+        entropy = log_d - s / d if with_entropy else None
         V = z.shape[1]
         valid = (targets >= 0) & (targets < V)
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
@@ -181,9 +183,11 @@ class TorchRowPass:
         return ChunkSoftmax(L, m, d, log_d, logp, entropy, valid, safe)
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
-        sm = self._softmax(z, targets, inv_t)
+        """Log-prob, entropy (skipped when ``out_entropy`` is None) and lse of each row of the chunk."""
+        sm = self._softmax(z, targets, inv_t, with_entropy=out_entropy is not None)
         out_logp.copy_(sm.logp)
-        out_entropy.copy_(sm.entropy)
+        if out_entropy is not None:
+            out_entropy.copy_(sm.entropy)
         out_lse.copy_(sm.m + sm.log_d)
 
     def _finish(self, z, G, g_logp, valid, safe):
@@ -275,11 +279,12 @@ def _logits_buffer(rows: int, V: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(rows, V, dtype=like.dtype, device=like.device)
 
 
-def logprobs_forward(hidden, weight, targets, loop: ChunkLoop):
-    """``(logp, entropy, lse)`` fp32 [T] of every row, chunk by chunk."""
+def logprobs_forward(hidden, weight, targets, loop: ChunkLoop, with_entropy: bool = True):
+    """``(logp, entropy, lse)`` fp32 [T] of every row, chunk by chunk; without the entropy (the
+    scoring passes) it is not computed and comes back as zeros."""
     T, V = hidden.shape[0], weight.shape[0]
     logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
-    entropy = torch.empty_like(logp)
+    entropy = torch.empty_like(logp) if with_entropy else torch.zeros_like(logp)
     lse = torch.empty_like(logp)
     if T == 0:
         return logp, entropy, lse
@@ -289,7 +294,8 @@ def logprobs_forward(hidden, weight, targets, loop: ChunkLoop):
     for s in range(0, T, C):
         e = min(T, s + C)
         z = torch.mm(hidden[s:e], wt, out=buf[: e - s])
-        loop.row_pass.stats(z, targets[s:e], loop.inv_t, logp[s:e], entropy[s:e], lse[s:e])
+        loop.row_pass.stats(z, targets[s:e], loop.inv_t, logp[s:e], entropy[s:e] if with_entropy else None,
+                            lse[s:e])
     return logp, entropy, lse
 
 

@@ -69,7 +69,9 @@ def row_pass_for(backend: str):
 
         return TritonRowPass()
     if backend == "torch":
-        return chunked.TorchRowPass()
+        from mopd.kernels.compiled_rows import CompiledRowPass
+
+        return CompiledRowPass()
     raise ValueError(f"backend={backend!r} has no row pass")
 
 
@@ -83,10 +85,12 @@ def _chunk_loop(temperature: float, backend: str, chunk_rows: int) -> chunked.Ch
 
 
 def _linear_logprobs_impl(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          temperature: float, backend: str, chunk_rows: int
+                          temperature: float, backend: str, chunk_rows: int, with_entropy: bool = True
                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logp, entropy, lse) fp32 [T] by the chunked loop of ``backend`` (``"torch"`` or ``"triton"``)."""
-    return chunked.logprobs_forward(hidden, weight, targets, _chunk_loop(temperature, backend, chunk_rows))
+    """(logp, entropy, lse) fp32 [T] by the chunked loop of ``backend`` (``"torch"`` or ``"triton"``);
+    without ``with_entropy`` the entropy is zeros (not computed: one reduction less per logit)."""
+    return chunked.logprobs_forward(hidden, weight, targets, _chunk_loop(temperature, backend, chunk_rows),
+                                    with_entropy)
 
 
 _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", mutates_args=())(
@@ -94,7 +98,7 @@ _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", m
 
 
 @_linear_logprobs_op.register_fake
-def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows):
+def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows, with_entropy=True):
     T = hidden.shape[0]
     return tuple(hidden.new_empty(T, dtype=torch.float32) for _ in range(3))
 
@@ -130,7 +134,7 @@ def _linear_logprobs_backward_fake(grad_logp, grad_entropy, hidden, weight, targ
 
 
 def _linear_logprobs_setup_context(ctx, inputs, output):
-    hidden, weight, targets, temperature, backend, chunk_rows = inputs
+    hidden, weight, targets, temperature, backend, chunk_rows = inputs[:6]
     _, entropy, lse = output
     ctx.save_for_backward(hidden, weight, targets, lse, entropy)
     ctx.config = (temperature, backend, chunk_rows)
@@ -147,7 +151,7 @@ def _linear_logprobs_backward(ctx, grad_logp, grad_entropy, grad_lse):
     gh, gw = torch.ops.mopd_kernels.linear_logprobs_backward(
         grad_logp, grad_entropy, hidden, weight, targets, lse, entropy, temperature, backend, chunk_rows,
         need_h, need_w)
-    return (gh if need_h else None, gw if need_w else None, None, None, None, None)
+    return (gh if need_h else None, gw if need_w else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprobs_backward,
@@ -160,8 +164,8 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """Log-prob of each target and entropy of each row of ``softmax(hidden @ weight.T / temperature)``.
 
     ``hidden`` [T, H] (fp32/bf16/fp16), ``weight`` [V, H] of the same dtype, ``targets`` [T] int.
-    Returns ``logp`` [T] fp32 and ``entropy`` [T] fp32 (None when ``with_entropy=False``; it is
-    computed in the same pass either way). A target outside ``[0, V)`` (e.g. -100) gets logp 0 and
+    Returns ``logp`` [T] fp32 and ``entropy`` [T] fp32 (None when ``with_entropy=False``: then it
+    is not computed, which spares the scoring passes a reduction over every logit). A target outside ``[0, V)`` (e.g. -100) gets logp 0 and
     no gradient. Differentiable w.r.t. ``hidden`` and ``weight``; under ``torch.no_grad`` it is the
     pi_old / teacher scoring pass. ``chunk_rows`` fixes the rows per chunk (default:
     ``chunked.chunk_rows_for``, from the shape on CPU, a memory budget elsewhere).
@@ -174,7 +178,7 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     else:
         logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
             hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend,
-            int(chunk_rows or 0))
+            int(chunk_rows or 0), bool(with_entropy))
     return logp, (entropy if with_entropy else None)
 
 

@@ -206,6 +206,8 @@ class TritonRowPass:
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
         c, V = z.shape
+        if out_entropy is None:  # not wanted: the kernel writes it anyway
+            out_entropy = torch.empty_like(out_logp)
         block, warps = launch_config(V, z.device)
         _logprobs_fwd_kernel[(c,)](z, z.stride(0), targets, out_logp, out_entropy, out_lse, V, inv_t,
                                    BLOCK_V=block, num_warps=warps)
