@@ -1,7 +1,8 @@
 """The CPU loss head against its floor: the bare lm-head matmuls it cannot avoid.
 
 For each shape and thread count, one fresh process alternates the variants round by round (the
-order rotates each round) and reports medians:
+order rotates each round) and reports medians (the slow baselines, naive and Liger, are timed in
+the first ``--baseline-rounds`` rounds only):
 
 - ``scoring``: ``linear_logprobs(..., with_entropy=False)`` under ``torch.no_grad`` (the pi_old /
   teacher pass). Floor: **one matmul**, ``h_c @ W^T`` chunk by chunk into the same reused buffer,
@@ -197,17 +198,22 @@ def variants(op, inp, baselines):
 # ---------------------------------------------------------------------------------------------
 
 
-def run_child(shape, threads, ops, rounds, baselines, loss_kind):
+CORE = ("floor", "ours", "eager")
+
+
+def run_child(shape, threads, ops, rounds, baselines, loss_kind, baseline_rounds):
+    """Core variants (floor, ours, eager) every round after one untimed warm-up call each (it
+    compiles the row pass); the baselines (slow: naive, Liger) in the first ``baseline_rounds``."""
     torch.set_num_threads(threads)
     T, H, V = SHAPES[shape]
     inp = make_inputs(T, H, V, loss_kind)
     for op in ops:
         fns = variants(op, inp, baselines)
-        for fn in fns.values():  # warm-up: compiles the row pass, faults in the buffers
-            fn()
+        for k in CORE:
+            fns[k]()
         times = {k: [] for k in fns}
-        names = list(fns)
         for r in range(rounds):
+            names = [k for k in fns if k in CORE or r < baseline_rounds]
             order = names[r % len(names):] + names[: r % len(names)]
             for k in order:
                 t0 = time.perf_counter()
@@ -247,12 +253,13 @@ def main():
     p.add_argument("--ops", default="scoring,loss")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baselines", default="naive,liger", help="which of naive,liger to time too")
+    p.add_argument("--baseline-rounds", type=int, default=1, help="rounds that time the baselines (slow)")
     p.add_argument("--loss", choices=["grpo", "roles"], default="grpo")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     ops, baselines = a.ops.split(","), [b for b in a.baselines.split(",") if b]
     if a.child:
-        run_child(a.shapes, int(a.threads), ops, a.rounds, baselines, a.loss)
+        run_child(a.shapes, int(a.threads), ops, a.rounds, baselines, a.loss, a.baseline_rounds)
         return
     print(f"torch {torch.__version__}; {a.rounds} rounds; load average {os.getloadavg()[0]:.1f} at start",
           flush=True)
@@ -260,7 +267,8 @@ def main():
     for shape in a.shapes.split(","):
         for threads in a.threads.split(","):
             cmd = [sys.executable, __file__, "--child", "--shapes", shape, "--threads", threads, "--ops", a.ops,
-                   "--rounds", str(a.rounds), "--baselines", a.baselines, "--loss", a.loss]
+                   "--rounds", str(a.rounds), "--baselines", a.baselines, "--loss", a.loss,
+                   "--baseline-rounds", str(a.baseline_rounds)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode or not lines:
