@@ -30,9 +30,14 @@ from typing import Any, Self
 from aiohttp import web
 
 from mopd.retriever.batcher import MicroBatcher
+from mopd.retriever.threads import ThreadsBySize
 
 log = logging.getLogger(__name__)
 BATCHER = web.AppKey("batcher", MicroBatcher)
+SEARCH = web.AppKey("search", ThreadsBySize)
+INLINE_RESULTS = 32
+"""Answers of at most this many passages are built on the event loop: reading and serialising a
+few rows costs less than the hand-off to an executor thread and back."""
 
 
 @dataclass
@@ -147,7 +152,10 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
              max_batch_work: int = 4096, max_whole_work: int | None = None):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
     limits = limits or ServerLimits()
-    batcher = MicroBatcher(retriever.search_rows, max_wait_ms / 1000.0, max_batch_queries, enabled=batching,
+    # A few queries encode faster on one torch thread (mopd.retriever.threads): the batcher's worker
+    # is this process's only torch user.
+    search = ThreadsBySize(retriever.search_rows)
+    batcher = MicroBatcher(search, max_wait_ms / 1000.0, max_batch_queries, enabled=batching,
                            slice_work=slice_work, max_batch_work=max_batch_work, max_whole_work=max_whole_work)
 
     async def retrieve(request: web.Request):
@@ -167,9 +175,11 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
             return _error(400, str(e))
         try:
             ids, scores = await batcher.submit(queries, topk)
-            # Documents and JSON off the event loop: a large answer must not pause the other clients.
-            payload = await asyncio.get_running_loop().run_in_executor(
-                None, _answer, retriever, ids, scores, with_scores)
+            if ids.size <= INLINE_RESULTS:
+                payload = _answer(retriever, ids, scores, with_scores)
+            else:   # documents and JSON off the event loop: a large answer must not pause the other clients
+                payload = await asyncio.get_running_loop().run_in_executor(
+                    None, _answer, retriever, ids, scores, with_scores)
         except Exception as e:  # noqa: BLE001 (an index or corpus failure: the server stays up)
             # One line on the server's terminal too (a corpus rewritten under it, CorpusChanged: every
             # request fails until the corpus is restored, then it answers again).
@@ -197,6 +207,7 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
 
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[json_errors])
     app[BATCHER] = batcher
+    app[SEARCH] = search
     app.router.add_post("/retrieve", retrieve)
     app.router.add_get("/health", health)
     app.on_startup.append(on_startup)

@@ -369,3 +369,46 @@ def test_long_queries_are_not_padded_into_a_batch_of_short_ones():
     assert [len(ids) for ids, _ in out] == [2] + [1] * 10
     assert sorted(map(len, calls)) == [1, 1, 10]           # two slices of one long query, one batch of ten short
     assert all(max(c) < 300 or min(c) == 300 for c in calls)
+
+
+class _Recording:
+    """A retriever that records the torch threads of each search and the thread reading each row."""
+
+    def __init__(self, inner):
+        import torch
+
+        self.inner, self.meta, self.kind, self.torch = inner, inner.meta, inner.kind, torch
+        self.corpus = self
+        self.searches: list[tuple[int, int]] = []
+        self.row_threads: set[str] = set()
+
+    def __len__(self):
+        return len(self.inner)
+
+    def search_rows(self, queries, k):
+        self.searches.append((len(queries), self.torch.get_num_threads()))
+        return self.inner.search_rows(queries, k)
+
+    def document(self, row):
+        self.row_threads.add(threading.current_thread().name)
+        return self.inner.corpus.document(row)
+
+
+def test_small_requests_search_on_one_thread_and_answer_on_the_loop(built):
+    import torch
+
+    rec = _Recording(open_retriever(built("bm25")))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with ServerThread(rec) as srv:
+            c = HttpRetriever(srv.url, retries=0)
+            small = c.search(["copper market"], 3)              # 3 passages: built on the event loop
+            assert rec.searches == [(1, 1)] and rec.row_threads == {"retrieval-server"}
+            rec.row_threads.clear()
+            big = c.search([f"salt trade {i}" for i in range(20)], 5)   # 100 passages: an executor thread
+            assert rec.searches[1] == (20, 2) and "retrieval-server" not in rec.row_threads
+    finally:
+        torch.set_num_threads(before)
+    assert [p.id for p in small[0]] == [p.id for p in rec.inner.search(["copper market"], 3)[0]]
+    assert len(big) == 20 and all(len(r) == 5 for r in big)
