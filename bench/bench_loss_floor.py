@@ -15,7 +15,7 @@ the first ``--baseline-rounds`` rounds only):
   set-up: clipped surrogate, k3 KL with beta 0.04, 1/4 of tokens masked). ``--loss roles`` runs
   bench_kernels.py's three-role loss with entropy terms instead (no Liger equivalent).
 - ``eager``: ours with the compiled row pass switched off (``MOPD_KERNELS_COMPILE=0``), i.e. the
-  row pass before issue 36, in the same process.
+  row pass before issue 36 (except that scoring now skips the entropy there too), same process.
 
 Each row prints the medians and the ratios ``ours / floor``, ``eager / floor``, ``ours / naive``
 and ``ours / Liger``. Compilation (the first call of ours) happens in an untimed warm-up.
@@ -225,7 +225,7 @@ def run_child(shape, threads, ops, rounds, baselines, loss_kind, baseline_rounds
 
 
 def print_table(results):
-    print("| op | T, H, V | threads | floor | ours | ours / floor | eager (before) / floor | naive | "
+    print("| op | T, H, V | threads | floor | ours | ours / floor | eager row pass / floor | naive | "
           "ours / naive | Liger eager | ours / Liger | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
