@@ -50,12 +50,12 @@ def choose_attn(attn: str, device: torch.device) -> str:
     from mopd.train import packed_attention as pa
 
     on_cuda = device.type == "cuda"
-    if attn == "auto":
-        if on_cuda and flash_attn_available():
+    if attn == "auto" and on_cuda:
+        if flash_attn_available():
             return "flash_attention_2"
-        if on_cuda and pa.varlen_available():
-            return pa.VARLEN
-        return {"packed_sdpa": pa.SEGMENTS, "flex": pa.FLEX}.get(CPU_AUTO_ATTN, "sdpa") if not on_cuda else "sdpa"
+        return pa.VARLEN if pa.varlen_available() else "sdpa"
+    if attn == "auto":
+        attn = CPU_AUTO_ATTN
     if attn == "flash":
         if not (on_cuda and flash_attn_available()):
             raise ModelLoadError("model.attn_implementation=flash needs CUDA and flash-attn "
