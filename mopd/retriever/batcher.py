@@ -13,11 +13,14 @@ per waiting request, in order, within ``max_batch_work`` and ``max_batch_queries
 with queries left goes to the back of the list: a one-query request waits for at most the batch
 being computed plus its own, and a 1,024-query request shares the worker round by round. Otherwise
 -- a big request alone, big requests only, or small ones only -- a batch takes whole requests in
-order, within ``max_batch_queries`` and ``max_whole_work`` (4 x ``max_batch_work`` by default):
+order, within ``max_batch_queries`` and ``max_whole_work`` (``max_batch_work`` by default):
 slicing would only cost the encoder its batch size, with nobody to be fair to. A request above
 ``max_whole_work`` (say 1,024 queries) still runs in pieces of that size even alone, because
 batches cannot be interrupted: a small request that arrives meanwhile waits for one piece, not for
-all of it. (A request whose padding would more than double a batch
+all of it. That piece is what the first small clients to arrive wait for, so it is held to one
+batch's work (about 70 search-length queries, ~0.2 s on a 2-core CPU): at 4 x ``max_batch_work``
+(~290 queries, 0.7 s) the 32 clients of bench_retriever_latency.py that arrive while a large
+request runs alone all waited for one such piece, 3.0-3.7x their p99 alone (bench/RESULTS.md). (A request whose padding would more than double a batch
 past ``max_batch_work`` -- long queries next to short ones -- leads the next batch instead.)
 
 The batching window adapts to the concurrency seen: after the first request arrives, the worker
@@ -101,7 +104,7 @@ class MicroBatcher:
     def __init__(self, search: SearchFn, max_wait_s: float = 0.002, max_batch_queries: int = 512,
                  enabled: bool = True, slice_work: int = 1024, max_batch_work: int = 4096,
                  max_whole_work: int | None = None):
-        max_whole_work = 4 * max_batch_work if max_whole_work is None else max_whole_work
+        max_whole_work = max_batch_work if max_whole_work is None else max_whole_work
         if slice_work < 1 or max_batch_work < slice_work or max_whole_work < max_batch_work or max_batch_queries < 1:
             raise ValueError("need 1 <= slice_work <= max_batch_work <= max_whole_work and max_batch_queries >= 1")
         self.search, self.max_wait_s, self.max_batch_queries = search, max_wait_s, max_batch_queries

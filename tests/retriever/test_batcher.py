@@ -48,7 +48,7 @@ def test_big_request_alone_runs_as_one_batch():
     search = GatedSearch()
 
     async def main():
-        b = MicroBatcher(search, max_wait_s=0.5, slice_work=5 * 19, max_batch_work=10 * 19)
+        b = MicroBatcher(search, max_wait_s=0.5, slice_work=5 * 19, max_batch_work=10 * 19, max_whole_work=40 * 19)
         await b.start()
         req = _queries(100, 40)
         out = await b.submit(req, 1)
@@ -66,7 +66,7 @@ def test_slicing_starts_when_a_small_request_waits_behind_a_big_one_and_stops_af
     search = GatedSearch(hold=[0])
 
     async def main():
-        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19)
+        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19, max_whole_work=40 * 19)
         await b.start()
         order = []
 
@@ -119,7 +119,8 @@ def test_big_requests_only_are_batched_whole():
     search = GatedSearch(hold=[0])
 
     async def main():
-        b = MicroBatcher(search, max_wait_s=0.0, max_batch_queries=45, slice_work=5 * 19, max_batch_work=10 * 19)
+        b = MicroBatcher(search, max_wait_s=0.0, max_batch_queries=45, slice_work=5 * 19, max_batch_work=10 * 19,
+                         max_whole_work=40 * 19)
         await b.start()
         first = asyncio.ensure_future(b.submit(_queries(900, 20), 1))
         await search.started(1)
@@ -198,3 +199,21 @@ def test_a_request_above_the_whole_batch_cap_runs_in_pieces_even_alone():
     # a piece of 20 alone; then the small one with a slice of 5; one more slice; then pieces again
     assert search.calls == [_queries(100, 20), ["7"] + _queries(120, 5), _queries(125, 5), _queries(130, 20)]
     _check(out, [_queries(100, 50), ["7"]])
+
+
+def test_by_default_a_big_request_alone_runs_in_pieces_of_one_batch():
+    """The default whole-request cap is one batch's work: the first small client to arrive while a
+    big request runs alone waits for one batch, not four (bench_retriever_latency.py's fairness)."""
+    search = GatedSearch()
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19)
+        await b.start()
+        out = await b.submit(_queries(100, 40), 1)
+        await b.stop()
+        return out, b.stats
+
+    out, stats = asyncio.run(main())
+    assert search.calls == [_queries(100 + 10 * i, 10) for i in range(4)]
+    assert stats.fair_batches == 0 and stats.sliced_requests == 1
+    _check([out], [_queries(100, 40)])
