@@ -52,6 +52,8 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
 
 
 DTYPES = {"auto", "float32", "bfloat16", "float16"}
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash", "varlen", "flex", "packed_sdpa")
+"""``model.attn_implementation``'s values (the field's docstring says what each one means)."""
 """Weight dtypes a model or engine can be loaded in (auto: per device)."""
 
 ROLLOUT_LOGPROBS_BF16 = (
@@ -111,8 +113,7 @@ class ModelConfig:
 
     def __post_init__(self):
         _choice("model.dtype", self.dtype, DTYPES)
-        _choice("model.attn_implementation", self.attn_implementation,
-                {"auto", "sdpa", "eager", "flash", "varlen", "flex", "packed_sdpa"})
+        _choice("model.attn_implementation", self.attn_implementation, set(ATTN_IMPLEMENTATIONS))
 
 
 @dataclass

@@ -34,9 +34,6 @@ def flash_attn_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
-ATTN_CHOICES = ("auto", "sdpa", "eager", "flash", "varlen", "flex", "packed_sdpa")
-"""``model.attn_implementation``'s values (mopd/config.py says what each one means)."""
-
 CPU_AUTO_ATTN = "sdpa"
 """What ``auto`` runs on CPU (bench/bench_packed_attention.py measured the alternatives)."""
 
