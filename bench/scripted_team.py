@@ -3,7 +3,13 @@ EM, searches and Leader subtasks per workflow, and how often the Leader delegate
 subtasks (in all, and in its first output). Usage (bench/RESULTS.md, "Pair questions"):
 
     PYTHONPATH=. python bench/scripted_team.py [--index bm25|flat] [--split train] [--attempts 2]
-        [--search-first 0.9] [--both-facts 0.6] [--seed 0]
+        [--search-first 0.9] [--both-facts 0.6] [--seed 0] [--world DIR]
+
+With ``--answerer MODEL`` (a pi_0 directory; ``--world`` its world) it measures that model's
+Answerer alone instead: the scripted Leader and Searchers run every workflow, the model writes the
+answer at T=0.6 (the evaluation's sampling), beside the scripted Answerer on the same draws:
+
+    PYTHONPATH=. python bench/scripted_team.py --world runs/demo/world --answerer runs/demo/pi0 --split dev --attempts 4
 """
 
 import argparse
@@ -13,10 +19,24 @@ import tempfile
 from mopd.core.scoring import exact_match
 from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
 from mopd.data.tiny_model import default_corpus, train_tokenizer
-from mopd.data.tinyworld import WorldSettings, build_world, load_split
+from mopd.data.tinyworld import WorldPaths, WorldSettings, build_world, load_split
 from mopd.data.warmstart import CachedRetriever, tokenizer_texts, workflow_settings
 from mopd.retriever import open_retriever
 from mopd.rollout.scheduler import run_workflows
+
+
+def answerer_table(a, style):
+    from mopd.data.policy_check import check_answerer
+
+    result = check_answerer(a.answerer, a.world, split=a.split, attempts=a.attempts, seed=a.seed, style=style)
+    datasets = sorted(next(iter(result.values()))["em_by_dataset"])
+    print("| workflow | Answerer | " + " | ".join(datasets) + " | all | answers valid |")
+    print("|---|---|" + "---|" * (len(datasets) + 2))
+    for name, r in result.items():
+        wf, _, scripted = name.partition("_")
+        print(f"| {wf} | {'scripted' if scripted else 'model'} | "
+              + " | ".join(f"{r['em_by_dataset'][d]:.3f}" for d in datasets)
+              + f" | {r['em']:.3f} | {r['answer_valid']:.3f} |")
 
 
 def main():
@@ -27,12 +47,20 @@ def main():
     ap.add_argument("--search-first", type=float, default=DemoStyle.search_first)
     ap.add_argument("--both-facts", type=float, default=DemoStyle.both_facts)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--world", default=None, help="an existing world directory (default: build seed 0's)")
+    ap.add_argument("--answerer", default=None, help="a model directory whose Answerer to measure")
     a = ap.parse_args()
-    world = build_world(tempfile.mkdtemp() + "/w", settings=WorldSettings(index_kind=a.index))
+    style = DemoStyle(search_first=a.search_first, both_facts=a.both_facts)
+    if a.answerer:
+        if not a.world:
+            ap.error("--answerer needs --world (the model's world)")
+        answerer_table(a, style)
+        return
+    world = (WorldPaths.of(a.world) if a.world
+             else build_world(tempfile.mkdtemp() + "/w", settings=WorldSettings(index_kind=a.index)))
     tok = train_tokenizer(default_corpus() + tokenizer_texts(world.root), vocab_size=2048)
     retriever = CachedRetriever(open_retriever(world.index))
     questions = load_split(world, a.split)
-    style = DemoStyle(search_first=a.search_first, both_facts=a.both_facts)
     print("| workflow | dataset | workflows | EM | searches | subtasks | >=2 subtasks | >=2 in first output |")
     print("|---|---|---|---|---|---|---|---|")
     for wf in ("cmas", "hmas"):

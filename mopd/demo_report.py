@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from mopd.eval.bootstrap import DEFAULT_SEED
+from mopd.data.world_text import PAIR_TOWNS
 
 
 def log(msg: str) -> None:
@@ -189,7 +190,7 @@ def pi0_check_markdown(check: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-DECOMPOSITION_DATASET = "tiny_compare"
+DECOMPOSITION_DATASET = PAIR_TOWNS
 """The question type on which the seed summary shows how often the Leader splits a question."""
 
 
@@ -272,11 +273,13 @@ def _decomposition_cell(e: dict) -> str:
 
 def seed_table(summary: dict) -> str:
     """A row per seed: a column per claim in the summary's order (a failing one marked, n/a where the
-    seed lacks it), the trained Leader's 2+-subtask rate on the comparison questions, pi_0's dev EM
-    and the demo's time. Reads summaries written before claims had kinds."""
+    seed lacks it), the trained Leader's 2+-subtask rate on the pair questions its summary recorded
+    (``DECOMPOSITION_DATASET`` now), pi_0's dev EM and the demo's time. Reads summaries written before claims had kinds."""
     claims = [with_claim_fields(c) for c in summary["claims"]]
+    recorded = sorted({e["decomposition"]["dataset"] for e in summary["per_seed"].values() if e.get("decomposition")})
+    split_on = ", ".join(recorded) or DECOMPOSITION_DATASET  # a summary of an older world names its own type
     head = (["seed"] + [f"{c['kind']}: {claim_name(c)}" for c in claims]
-            + [f"MultiAgent-OPD Leader 2+ subtasks on {DECOMPOSITION_DATASET}", "pi_0 dev EM", "demo time"])
+            + [f"MultiAgent-OPD Leader 2+ subtasks on {split_on}", "pi_0 dev EM", "demo time"])
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n, e in summary["per_seed"].items():
         cells = [str(n)]

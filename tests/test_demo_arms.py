@@ -47,6 +47,18 @@ def test_primary_arms_differ_only_in_the_searchers_loss(tmp_path):
         assert c["trainer.steps"] == s.stage2_steps and c["trainer.cpu_threads"] == 1
 
 
+def test_stage1_and_every_arm_have_the_same_rl_budget_by_default(tmp_path):
+    """C-MAS + RL against a Stage II arm is weighed at equal rollouts: the same steps, questions
+    per step, workflows per question and learning rate (only the workflow and the losses differ)."""
+    s = DemoSettings(out=str(tmp_path), with_ablations=True)
+    stages = {st.spec.dir: _flat(st.config) for st in plan(demo_config(s)) if isinstance(st, TrainStage)}
+    assert len(stages) == 1 + len(STAGE2_ARMS) + len(ABLATION_ARMS)
+    budget = {d: (c["trainer.steps"], c["trainer.questions_per_step"], c["rollout.group_size"], c["trainer.lr"],
+                  c["trainer.ppo_minibatches"]) for d, c in stages.items()}
+    assert len(set(budget.values())) == 1, budget
+    assert budget["stage1"][0] == s.stage1_steps == s.stage2_steps
+
+
 def test_base_teacher_arm_distils_from_pi0_with_stage1_as_reference(tmp_path):
     s = DemoSettings(out=str(tmp_path), with_ablations=True)
     arm = next(a for a in ABLATION_ARMS if a.preset == "tiny_base_teacher")

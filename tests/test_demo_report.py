@@ -21,7 +21,7 @@ def _run(tmp_path, name, correct_per_q, workflow, subtasks=1):
             events = [Event("subtask", 1, call_id="l0", text=f"s{i}") for i in range(subtasks if workflow == "hmas" else 0)]
             events += [Event("search", 2, call_id="s0.0", text="q")] * (qi % 3)
             recs.append(WorkflowRecord(
-                question_id=f"q{qi}", dataset="tiny_compare" if qi % 2 else "tiny_2hop", question="Where?",
+                question_id=f"q{qi}", dataset="tiny_pair_towns" if qi % 2 else "tiny_2hop", question="Where?",
                 answers=["Norwick"], workflow=workflow, method=name, attempt=a, final_answer=ans,
                 events=events, candidates=[f"<answer>{ans}</answer>"]))
     d = tmp_path / name.lower().replace(" ", "_").replace("+", "plus")
@@ -102,7 +102,7 @@ def test_report_has_the_claims_first_and_the_logs_say_them(tmp_path, capsys):
     assert "| MultiAgent-OPD | 100.0 | 100.0 | 100.0 |" in part and "| H-MAS base | 0.0 | 0.0 | 0.0 |" in part
     assert "| C-MAS + RL | n/a | n/a | n/a |" in part
     m = json.loads((tmp_path / "report" / "metrics.json").read_text())
-    assert m["activity"]["MultiAgent-OPD"]["per_dataset"]["tiny_compare"]["multi_subtask_one_wave"] == 1.0
+    assert m["activity"]["MultiAgent-OPD"]["per_dataset"]["tiny_pair_towns"]["multi_subtask_one_wave"] == 1.0
     assert [r["step"] for r in m["validation"]["Stage II (MultiAgent-OPD)"]] == [0, 1, 2]
     assert "| 2 | 30.0 |" in md.split("## Validation over training", 1)[1]   # no-search at step 2
 
@@ -118,7 +118,7 @@ def test_claims_table_labels_records_written_before_kinds_existed():
 
 
 def _claim(trained, base, diff, ci, n=6, new=True):
-    qs = [{"dataset": "tiny_compare" if i % 2 else "tiny_1hop", "id": f"q{i}", "base": 0.25, "trained": 0.25 + diff}
+    qs = [{"dataset": "tiny_pair_towns" if i % 2 else "tiny_1hop", "id": f"q{i}", "base": 0.25, "trained": 0.25 + diff}
           for i in range(n)]
     c = {"trained": trained, "base": base, "metric": "avg@4", "diff": diff, "ci": ci, "holds": ci[0] > 0,
          "questions": qs}
@@ -141,8 +141,8 @@ def test_seed_summary_reads_older_claims_and_shows_every_claim_in_order(tmp_path
     _seed_dir(tmp_path, 1, [_claim("C-MAS + RL", "C-MAS base", 0.3, [0.25, 0.35], new=False),
                             _claim("MultiAgent-OPD", "H-MAS base", 0.2, [0.15, 0.25], new=False)])
     # seed 2: the new claims, the primary and the headline failing
-    act = {"MultiAgent-OPD": {"per_dataset": {"tiny_compare": {"multi_subtask": 0.8125, "multi_subtask_one_wave": 0.5}}},
-           "H-MAS base": {"per_dataset": {"tiny_compare": {"multi_subtask": 0.25, "multi_subtask_one_wave": 0.125}}}}
+    act = {"MultiAgent-OPD": {"per_dataset": {"tiny_pair_towns": {"multi_subtask": 0.8125, "multi_subtask_one_wave": 0.5}}},
+           "H-MAS base": {"per_dataset": {"tiny_pair_towns": {"multi_subtask": 0.25, "multi_subtask_one_wave": 0.125}}}}
     _seed_dir(tmp_path, 2, [_claim("MultiAgent-OPD", "No Searcher supervision", 0.01, [-0.02, 0.04]),
                             _claim("MultiAgent-OPD", "C-MAS + RL", -0.1, [-0.15, -0.05]),
                             _claim("C-MAS + RL", "C-MAS base", 0.2, [0.1, 0.3]),
@@ -154,7 +154,7 @@ def test_seed_summary_reads_older_claims_and_shows_every_claim_in_order(tmp_path
         ("check", "C-MAS base", 2, 2), ("check", "H-MAS base", 2, 2)]
     assert summary["claims"][2]["diff"] == pytest.approx(0.25)         # the mean of 0.3 and 0.2
     assert summary["per_seed"]["2"]["decomposition"] == {
-        "dataset": "tiny_compare", "MultiAgent-OPD": {"multi_subtask": 0.8125, "multi_subtask_one_wave": 0.5},
+        "dataset": "tiny_pair_towns", "MultiAgent-OPD": {"multi_subtask": 0.8125, "multi_subtask_one_wave": 0.5},
         "H-MAS base": {"multi_subtask": 0.25, "multi_subtask_one_wave": 0.125}}
     assert "decomposition" not in summary["per_seed"]["1"]
     md = path.read_text()
@@ -162,7 +162,7 @@ def test_seed_summary_reads_older_claims_and_shows_every_claim_in_order(tmp_path
     head = next(line for line in lines if line.startswith("| seed |"))
     assert head == ("| seed | primary: MultiAgent-OPD minus No Searcher supervision | headline: MultiAgent-OPD minus "
                     "C-MAS + RL | check: C-MAS + RL minus C-MAS base | check: MultiAgent-OPD minus H-MAS base | "
-                    "MultiAgent-OPD Leader 2+ subtasks on tiny_compare | pi_0 dev EM | demo time |")
+                    "MultiAgent-OPD Leader 2+ subtasks on tiny_pair_towns | pi_0 dev EM | demo time |")
     assert "| 1 | n/a | n/a | +30.00 [+25.00, +35.00] | +20.00 [+15.00, +25.00] | n/a | n/a | 1.0 min |" in lines
     assert ("| 2 | +1.00 [-2.00, +4.00] (not distinguishable from 0) | -10.00 [-15.00, -5.00] (below 0) | "
             "+20.00 [+10.00, +30.00] | +10.00 [+5.00, +15.00] | 81.2% (50.0% in one output) | n/a | 2.0 min |") in lines
@@ -196,9 +196,9 @@ def test_seed_summary_shows_each_claim_per_question_type(tmp_path):
     for n, shift in ((1, 0.1), (2, 0.3)):
         c = _claim("MultiAgent-OPD", "No Searcher supervision", shift, [shift - 0.05, shift + 0.05])
         c["questions"] = ([{"dataset": "tiny_2hop", "id": f"a{i}", "base": 0.25, "trained": 0.25 + shift} for i in range(6)]
-                          + [{"dataset": "tiny_compare", "id": f"b{i}", "base": 0.5, "trained": 0.5} for i in range(6)])
+                          + [{"dataset": "tiny_pair_towns", "id": f"b{i}", "base": 0.5, "trained": 0.5} for i in range(6)])
         _seed_dir(tmp_path, n, [c])
     lines = write_seed_summary(tmp_path, [1, 2], draws=50).read_text().splitlines()
     assert "| question type | primary: MultiAgent-OPD minus No Searcher supervision |" in lines
     assert "| tiny_2hop | **+20.00 [+10.00, +30.00]** |" in lines     # seeds resampled: 0.1 or 0.3
-    assert "| tiny_compare | +0.00 [+0.00, +0.00] |" in lines
+    assert "| tiny_pair_towns | +0.00 [+0.00, +0.00] |" in lines

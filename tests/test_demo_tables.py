@@ -127,7 +127,7 @@ def test_render_new_claims_systems_and_seeds_from_a_fabricated_docs_folder(tmp_p
     from mopd.demo_report import write_seed_summary
 
     def claims(shift):
-        qs = [{"dataset": "tiny_compare" if i % 2 else "tiny_2hop", "id": f"q{i}", "base": 0.5, "trained": 0.5 + shift}
+        qs = [{"dataset": "tiny_pair_towns" if i % 2 else "tiny_2hop", "id": f"q{i}", "base": 0.5, "trained": 0.5 + shift}
               for i in range(5)]
         spec = [("primary", "MultiAgent-OPD", "No Searcher supervision", 0.03 + shift, [0.01 + shift, 0.05 + shift]),
                 ("headline", "MultiAgent-OPD", "C-MAS + RL", -0.02, [-0.06, 0.02]),
@@ -141,7 +141,7 @@ def test_render_new_claims_systems_and_seeds_from_a_fabricated_docs_folder(tmp_p
     for n, shift in ((1, 0.0), (2, -0.04)):
         _fake_run(runs / f"seed{n}", shift)
         (runs / f"seed{n}" / "report" / "claims.json").write_text(json.dumps(claims(shift)))
-        act = {"MultiAgent-OPD": {"per_dataset": {"tiny_compare": {"multi_subtask": 0.75 + shift,
+        act = {"MultiAgent-OPD": {"per_dataset": {"tiny_pair_towns": {"multi_subtask": 0.75 + shift,
                                                                    "multi_subtask_one_wave": 0.5}}}}
         (runs / f"seed{n}" / "report" / "metrics.json").write_text(json.dumps({"activity": act}))
     write_seed_summary(runs, [1, 2], draws=100)

@@ -164,8 +164,8 @@ def _register_world(sub) -> None:
     b = wsub.add_parser("build", help="generate the world (knowledge base, corpus, questions, splits) and its index",
                         description="Write a seeded tiny world: invented bands, companies, towns and rivers as "
                                     "one-sentence passages plus distractors, one-hop and two-hop chain questions "
-                                    "and two-band comparison and same-town questions (datasets tiny_1hop, "
-                                    "tiny_2hop, tiny_compare, tiny_same_town) split into train/dev/test with a manifest, "
+                                    "and two-band pair questions asking both bands' towns or genres (datasets tiny_1hop, "
+                                    "tiny_2hop, tiny_pair_towns, tiny_pair_genres) split into train/dev/test with a manifest, "
                                     "and the retrieval index. A directory holding the same world is reused.")
     b.add_argument("--out", required=True, help="output directory")
     b.add_argument("--seed", type=int, default=0, help="world seed (default 0)")

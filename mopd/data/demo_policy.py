@@ -16,12 +16,12 @@ vague queries that leave out the name, reports with no search at all, reports th
 passage, answers that pick the wrong name among the candidates. They leave pi_0 valid in format
 but far from perfect, so that outcome RL has something to gain.
 
-Pair questions (comparison, same-town: two bands' passages needed) are where the hierarchy has a
+Pair questions (both bands' towns or genres: two bands' passages needed) are where the hierarchy has a
 job: the H-MAS Leader mostly splits them into one subtask per band, a wave of two Searchers with
 three searches each, and re-asks for a fact still missing; a C-MAS Searcher (or an H-MAS Searcher
 given both bands in one subtask) must find both facts within one Searcher's three searches. The
-Answerer compares the two facts when both are in its reports and guesses between the two options
-when one is missing. Chain questions draw the same random numbers in the same order as before.
+Answerer copies both values when both facts are in its reports and writes a name from the reports
+(or any name of the kind) for a band whose fact is missing. Chain questions draw the same random numbers in the same order as before.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mopd.data.demo_reader import Doc, PromptView, read_prompt
-from mopd.data.world_kb import KnowledgeBase
-from mopd.data.world_text import COMPARE, PAIR_TEMPLATES, QUESTION_TEMPLATES, SAME_TOWN
+from mopd.data.world_kb import GENRES, KnowledgeBase
+from mopd.data.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, pair_answers
 from mopd.rollout.sampling import derive_seed
 from mopd.rollout.scripted_engine import ScriptedEngine
 
@@ -80,12 +80,11 @@ SUBTASK_RIVER = "Find the river that flows through {t}."
 VAGUE_SUBTASK = {"band": "Find where the band was formed.", "company": "Find where the company is based."}
 # Pair questions: the relation each asks about, one band's subtask for it (the town one is
 # SUBTASK_TOWN's), the joint subtask naming both bands, and the vague forms without names.
-PAIR_RELATION = {COMPARE: "year", SAME_TOWN: "town"}
-SUBTASK_ONE = {"year": "Find the year the band {s} was formed.", "town": SUBTASK_TOWN["band"]}
-SUBTASK_PAIR = {"year": "Find the years the bands {a} and {b} were formed.",
+SUBTASK_ONE = {"genre": "Find the music the band {s} plays.", "town": SUBTASK_TOWN["band"]}
+SUBTASK_PAIR = {"genre": "Find the music the bands {a} and {b} play.",
                 "town": "Find the towns where the bands {a} and {b} were formed."}
-VAGUE_ONE = {"year": "Find when the band was formed.", "town": VAGUE_SUBTASK["band"]}
-VAGUE_PAIR = {"year": "Find when the bands were formed.", "town": "Find where the bands were formed."}
+VAGUE_ONE = {"genre": "Find what music the band plays.", "town": VAGUE_SUBTASK["band"]}
+VAGUE_PAIR = {"genre": "Find what music the bands play.", "town": "Find where the bands were formed."}
 PAIR_SUBTASK_TEXTS = list(SUBTASK_ONE.values()) + list(SUBTASK_PAIR.values()) + list(VAGUE_ONE.values()) \
     + list(VAGUE_PAIR.values())
 """Every pair-question subtask wording (the tokenizer learns them)."""
@@ -116,11 +115,11 @@ class Task:
     subject: Optional[str] = None
     town: Optional[str] = None
     relation: str = ""
-    """'year' or 'town' for a pair question or one of its one-band subtasks; '' for chain tasks."""
+    """'town' or 'genre' for a pair question or one of its one-band subtasks; '' for chain tasks."""
     pair: Tuple[str, ...] = ()
     """The two bands of a pair question or joint subtask (``subject`` is the first); () otherwise."""
     dataset: str = ""
-    """A pair question's dataset (COMPARE / SAME_TOWN)."""
+    """A pair question's dataset (a key of :data:`mopd.data.world_text.PAIR_TEMPLATES`)."""
 
 
 class DemoPolicy:
@@ -139,18 +138,19 @@ class DemoPolicy:
         self._river_pattern = _pattern(SUBTASK_RIVER)
         self._pair_question_patterns = [(_pair_pattern(t), ds) for ds, ts in PAIR_TEMPLATES.items() for t in ts]
         self._pair_subtask_patterns = [(_pair_pattern(t), rel) for rel, t in SUBTASK_PAIR.items()]
-        self._one_patterns = [(_pattern(t), rel) for rel, t in SUBTASK_ONE.items() if rel == "year"]
+        self._one_patterns = [(_pattern(t), rel) for rel, t in SUBTASK_ONE.items() if rel == "genre"]
         self._town_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(kb.towns, key=len, reverse=True)))
                                    + r")\b")
         self._river_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(kb.rivers, key=len, reverse=True)))
                                     + r")\b")
+        self._genre_re = re.compile(r"\b(" + "|".join(map(re.escape, GENRES)) + r")\b")
 
     # ---- understanding ----------------------------------------------------------------
     def task_of_question(self, question: str) -> Task:
         for pat, ds in self._pair_question_patterns:
             m = pat.match(question)
             if m and m.group(1) in self.kb.bands and m.group(2) in self.kb.bands:
-                return Task(hops=2, kind="band", subject=m.group(1), relation=PAIR_RELATION[ds],
+                return Task(hops=2, kind="band", subject=m.group(1), relation=PAIR_RELATIONS[ds],
                             pair=(m.group(1), m.group(2)), dataset=ds)
         for pat, kind, hops in self._question_patterns:
             m = pat.match(question)
@@ -288,8 +288,9 @@ class DemoPolicy:
         """A report written without evidence: a made-up fact of the right shape."""
         town = rng.choice(sorted(self.kb.towns))
         if task.relation:
-            year = rng.randrange(1962, 2016)
-            return " ".join(f"{s} is a band formed in {town} in {year}." for s in (task.pair or (task.subject,)))
+            year, genre = rng.randrange(1962, 2016), rng.choice(GENRES)
+            return " ".join(f"{s} is {'an' if genre[0] in 'aeiou' else 'a'} {genre} band formed in {town} in {year}."
+                            for s in (task.pair or (task.subject,)))
         if task.kind == "town" and task.town:
             return f"{task.town} is a town on the river {rng.choice(sorted(self.kb.rivers))}."
         if task.subject and task.kind == "company":
@@ -400,20 +401,24 @@ class DemoPolicy:
 
 
     def pair_answer(self, task: Task) -> str:
-        """The right answer of a pair question, from the world."""
+        """The right answer of a pair question, from the world (its first accepted form)."""
         a, b = task.pair
-        if task.relation == "year":
-            return a if self.kb.bands[a]["year"] < self.kb.bands[b]["year"] else b
-        return "yes" if self.home(a) == self.home(b) else "no"
+        return pair_answers(self.kb.bands[a][task.relation], self.kb.bands[b][task.relation])[0]
 
     def _pair_answer(self, task: Task, text: str, rng: random.Random) -> str:
-        """Both facts in the reports: the right option with ``right_pick``, else the other; a fact
-        missing: a guess between the two options."""
-        options = list(task.pair) if task.relation == "year" else ["yes", "no"]
-        if all(self._subject_sentence(s) in text for s in task.pair):
-            right = self.pair_answer(task)
-            return right if rng.random() < self.style.right_pick else next(o for o in options if o != right)
-        return rng.choice(options)
+        """Each band's value, in the question's order: copied when the band's fact is in the reports
+        (the pair as a whole right with ``right_pick``, else one half swapped for another name),
+        else a name of that kind the reports mention, or any (a guess)."""
+        name_re, pool = (self._town_re, sorted(self.kb.towns)) if task.relation == "town" else (self._genre_re, GENRES)
+        right = [self.kb.bands[s][task.relation] for s in task.pair]
+        wrong = [n for n in dict.fromkeys(name_re.findall(text)) if n not in right]
+        found = [self._subject_sentence(s) in text for s in task.pair]
+        known = {v for v, ok in zip(right, found) if ok}
+        guesses = [n for n in pool if n not in known]  # a guess never repeats the other half
+        parts = [v if ok else rng.choice(wrong or guesses) for v, ok in zip(right, found)]
+        if all(found) and rng.random() >= self.style.right_pick:
+            parts[rng.randrange(2)] = rng.choice(wrong or [n for n in pool if n not in right])
+        return " and ".join(parts)
 
 
 def world_policy(world_dir, style: DemoStyle = DemoStyle()) -> DemoPolicy:

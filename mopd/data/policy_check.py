@@ -171,3 +171,68 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
                for n, r in out.items()}
     (root / "pi0_check.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
+
+
+class AnswererOnly:
+    """An engine that sends the Answerer's requests to ``model`` and every other role's to
+    ``team`` (the Engine protocol's ``generate``; nothing else is needed by ``run_workflows``).
+    With the scripted team as ``team`` it measures the model's Answerer alone: given the reports a
+    scripted Leader and scripted Searchers bring back, does it write the answer they support?"""
+
+    def __init__(self, team, model, tokenizer):
+        self.team, self.model, self.tokenizer = team, model, tokenizer
+        self._fast = getattr(tokenizer, "backend_tokenizer", None)
+
+    def _role(self, ids) -> str:
+        from mopd.core.roles import role_of_prompt
+
+        text = (self._fast.decode(list(ids), skip_special_tokens=False) if self._fast is not None
+                else self.tokenizer.decode(ids, skip_special_tokens=False))
+        return role_of_prompt(text) or ""
+
+    def generate(self, requests):
+        to_model = [i for i, r in enumerate(requests) if self._role(r.prompt_ids) == "answerer"]
+        chosen = set(to_model)
+        rest = [i for i in range(len(requests)) if i not in chosen]
+        out = [None] * len(requests)
+        for engine, idx in ((self.model, to_model), (self.team, rest)):
+            if idx:
+                for i, completions in zip(idx, engine.generate([requests[i] for i in idx]), strict=True):
+                    out[i] = completions
+        return out
+
+    def reset_prefix_cache(self) -> None:
+        for engine in (self.team, self.model):
+            getattr(engine, "reset_prefix_cache", lambda: None)()
+
+
+def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Sequence[str] = ("cmas", "hmas"),
+                   temperature: float = 0.6, seed: int = 0, attempts: int = 4, style=None,
+                   progress: bool = False) -> Dict[str, dict]:
+    """``{workflow: summarize(records)}`` of the scripted team (:mod:`mopd.data.demo_policy`,
+    ``style`` or its defaults) with ``model_dir``'s Answerer, on a split of the world; also
+    ``{workflow}_scripted``: the same workflows with the scripted Answerer, for comparison
+    (same seeds, so the same Leader and Searcher draws up to the Answerer's turn)."""
+    from mopd.config import EvalConfig, RetrieverConfig
+    from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
+    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.data.warmstart import CachedRetriever, workflow_settings
+    from mopd.retriever import load_retriever
+    from mopd.rollout.hf_engine import HFEngine
+    from mopd.rollout.scheduler import run_workflows
+
+    paths = WorldPaths.of(world_dir)
+    model = HFEngine.from_pretrained(str(model_dir), device="cpu")
+    tok = model.tokenizer
+    retriever = CachedRetriever(load_retriever(RetrieverConfig(kind="inprocess", index=str(paths.index))))
+    questions = load_split(paths, split)
+    policy = world_policy(paths.root, style or DemoStyle())
+    out = {}
+    for wf in workflows:
+        settings = workflow_settings(wf, temperature=temperature, top_p=EvalConfig.top_p, seed=seed)
+        for name, engine in ((wf, AnswererOnly(DemoEngine(policy, tok, seed=seed), model, tok)),
+                             (f"{wf}_scripted", DemoEngine(policy, tok, seed=seed))):
+            records = run_workflows(engine, retriever, tok, questions, settings, attempts=attempts,
+                                    method="answerer-check", progress=progress)
+            out[name] = summarize(records)
+    return out

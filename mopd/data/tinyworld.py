@@ -9,8 +9,8 @@
     DIR/index/                   the retrieval index (MiniLM flat by default, or BM25)
     DIR/world.json               the settings and counts (written last: marks a finished world)
 
-Datasets: the chain questions tiny_1hop and tiny_2hop, and the pair questions tiny_compare and
-tiny_same_town (two bands each; :mod:`mopd.data.world_text`). Test questions are new questions,
+Datasets: the chain questions tiny_1hop and tiny_2hop, and the pair questions tiny_pair_towns and
+tiny_pair_genres (two bands each; :mod:`mopd.data.world_text`). Test questions are new questions,
 each about its own subject, whose sibling (the other hop about the same subject) stays in
 training, as in the calibration prototype; a test pair question's bands are, as far as the bands
 go, not the subjects of any other test question. A split by subject (test
@@ -77,12 +77,12 @@ class WorldSettings:
     twins: int = 16
     distractors: int = 280
     pair_questions: int = 200
-    """Questions of each pair type (comparison, same-town) in the pool; test and dev take theirs
+    """Questions of each pair type (towns, genres) in the pool; test and dev take theirs
     from them and the rest train. 200 leave 80 of each in training (beside 640 chain questions),
     so the warm start's demonstrations grow by a quarter, not double (one per band would be 2 x 208).
     The pool's pairs of one type share no band while the bands last (a random matching)."""
     test_per_dataset: int = 60
-    """Test questions per dataset (one-hop, two-hop, compare, same-town), each about its own subject
+    """Test questions per dataset (one-hop, two-hop, pair towns, pair genres), each about its own subject
     where the bands allow. With the two chain datasets alone, 2 x 100 made the demo's 95% intervals
     about +-3.5-4 points of avg@4 (+-6 with 2 x 40); 4 x 60 keeps about as many questions (240) for
     five evaluations instead of four within the demo's 25 minutes."""

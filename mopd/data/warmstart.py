@@ -170,16 +170,18 @@ NAME_WEIGHT = 4
 tokenizer's training texts: with a 2,048-token BPE every town, river and name word is one token."""
 
 
-YES_NO_TEXTS = ["<answer>yes</answer>", "<answer>no</answer>", "yes or no"]
-"""The same-town answers as the Answerer writes them, so "yes" and "no" are tokens of their own."""
+PAIR_ANSWER_TEXTS = ["<answer>Ashford and folk</answer>", " and "]
+"""The joint of a pair answer as the Answerer writes it ("T1 and T2"), so " and" after a name is
+the same token everywhere."""
 
 
 def tokenizer_texts(world_dir) -> List[str]:
     """What the tokenizer is trained on: every passage, the training questions, the subtask
-    wordings (pair subtasks and yes/no answers included), the role prompts ``PROMPT_WEIGHT`` times and the name vocabulary ``NAME_WEIGHT`` times."""
+    wordings (pair subtasks and the pair answers' joint included), the role prompts ``PROMPT_WEIGHT``
+    times, and the name vocabulary and the answer names as an answer starts ``NAME_WEIGHT`` times."""
     from mopd.data.demo_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
     from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.data.world_kb import name_vocabulary
+    from mopd.data.world_kb import answer_names, name_vocabulary
     from mopd.rollout.prompts import all_prompt_texts
 
     paths = WorldPaths.of(world_dir)
@@ -187,11 +189,13 @@ def tokenizer_texts(world_dir) -> List[str]:
         texts = [json.loads(line)["contents"] for line in f if line.strip()]
     texts += [q.question for q in load_split(paths, "train")]
     texts += list(SUBTASK_TOWN.values()) + list(SUBTASK_TWO_HOP.values()) + [SUBTASK_RIVER]
-    texts += PAIR_SUBTASK_TEXTS + YES_NO_TEXTS * NAME_WEIGHT
+    texts += PAIR_SUBTASK_TEXTS + PAIR_ANSWER_TEXTS * NAME_WEIGHT
     chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
     names = name_vocabulary()
     name_lines = [" ".join(names[i:i + 20]) for i in range(0, len(names), 20)]
-    return texts + (list(all_prompt_texts()) + [chat_roles]) * PROMPT_WEIGHT + name_lines * NAME_WEIGHT
+    answers = [f"<answer>{n}</answer>" for n in answer_names()]
+    return (texts + (list(all_prompt_texts()) + [chat_roles]) * PROMPT_WEIGHT
+            + (name_lines + answers) * NAME_WEIGHT)
 
 
 def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),
@@ -228,10 +232,11 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
 
 def name_token_ids(tokenizer) -> List[int]:
     """Ids of the one-token names of :func:`mopd.data.world_kb.name_vocabulary` (as in running
-    text, after a space)."""
-    from mopd.data.world_kb import name_vocabulary
+    text, after a space) and of :func:`mopd.data.world_kb.answer_names` (as an answer starts)."""
+    from mopd.data.world_kb import answer_names, name_vocabulary
 
-    ids = [tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
+    ids = ([tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
+           + [tokenizer.encode(n, add_special_tokens=False) for n in answer_names()])
     return sorted({i[0] for i in ids if len(i) == 1})
 
 

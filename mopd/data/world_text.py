@@ -10,9 +10,14 @@ town. Nothing in a distractor contradicts a gold fact.
 Questions: one-hop ("Where was the band X formed?" -> the town) and two-hop ("Which river flows
 through the town where the band X was formed?" -> the river), for bands and companies: chains, that
 one Searcher walks alone. And two pair types over bands, whose answer needs two independent facts
-(as HotpotQA's comparison and 2WikiMultiHopQA's intersection questions), so that two parallel
-Searchers pay: comparison ("Which band was formed earlier, A or B?" -> the earlier band's name) and
-same-town ("Were the bands A and B formed in the same town?" -> "yes" / "no", about half each).
+(as HotpotQA's and 2WikiMultiHopQA's bridge-free conjunction questions), so that two parallel
+Searchers pay: towns ("Where were the bands A and B formed?" -> "Ashford and Kelby") and genres
+("What music do the bands A and B play?" -> "folk and jazz"), the two bands' values always distinct
+and either order accepted. Each half of the answer is one name token copied from one band's
+passage: the earlier pair types (which of two bands was formed earlier -> a two-word band name;
+same town -> yes / no) asked the 0.7M-parameter Answerer to copy two-token names and to compare two
+towns across reports, and every system, scripted-team-trained pi_0 included, sat at or below chance
+on them (bench/RESULTS.md, "The demo with pair questions and a control arm").
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ from mopd.data.world_kb import INDUSTRY_WORDS, KnowledgeBase
 
 ONE_HOP = "tiny_1hop"
 TWO_HOP = "tiny_2hop"
-COMPARE = "tiny_compare"
-SAME_TOWN = "tiny_same_town"
+PAIR_TOWNS = "tiny_pair_towns"
+PAIR_GENRES = "tiny_pair_genres"
 CHAIN_DATASETS = (ONE_HOP, TWO_HOP)
-PAIR_DATASETS = (COMPARE, SAME_TOWN)
+PAIR_DATASETS = (PAIR_TOWNS, PAIR_GENRES)
 DATASETS = CHAIN_DATASETS + PAIR_DATASETS
 """Every dataset of the tiny world, in the order the splits list them."""
 
@@ -41,11 +46,18 @@ QUESTION_TEMPLATES = {
 }
 
 PAIR_TEMPLATES = {
-    COMPARE: ["Which band was formed earlier, {a} or {b}?", "Which was formed first, the band {a} or the band {b}?"],
-    SAME_TOWN: ["Were the bands {a} and {b} formed in the same town?",
-                "Were {a} and {b} formed in the same town?"],
+    PAIR_TOWNS: ["Where were the bands {a} and {b} formed?", "In which towns were the bands {a} and {b} formed?"],
+    PAIR_GENRES: ["What music do the bands {a} and {b} play?", "Which genres do the bands {a} and {b} play?"],
 }
-"""Pair questions (bands only; their gold passages state both town and year)."""
+"""Pair questions (bands only; their gold passages state genre, town and year)."""
+PAIR_RELATIONS = {PAIR_TOWNS: "town", PAIR_GENRES: "genre"}
+"""The band attribute each pair type asks for (a key of ``KnowledgeBase.bands``' records)."""
+
+
+def pair_answers(first: str, second: str) -> List[str]:
+    """The accepted answers of a pair question whose bands have values ``first`` and ``second``:
+    both, joined by "and", in either order."""
+    return [f"{first} and {second}", f"{second} and {first}"]
 
 
 @dataclass
@@ -191,32 +203,23 @@ def _matching(rng: random.Random, bands: List[str], ok, n: int, fill_from: Optio
 
 
 def pair_questions(kb: KnowledgeBase, gold_of: Dict[str, str], rng: random.Random, n: int) -> List[QAExample]:
-    """``n`` comparison and ``n`` same-town questions about pairs of bands (distinct years in a
-    comparison; half the same-town pairs from one town: towns are dealt evenly, several bands
-    each). ``meta``: kind, hops 2, subjects [A, B], subject A, relation (year / town), the two
-    towns and years, the answer-deciding gold ids (both bands' passages)."""
+    """``n`` questions of each pair type (:data:`PAIR_TEMPLATES`) about pairs of bands whose values
+    of the asked attribute differ (so each half of the answer is a fact of its own). ``meta``: kind,
+    hops 2, subjects [A, B], subject A, relation (town / genre), the two towns, genres and years,
+    the answer-deciding gold ids (both bands' passages)."""
     bands = sorted(kb.bands)
-    town = {b: kb.bands[b]["town"] for b in bands}
-    year = {b: kb.bands[b]["year"] for b in bands}
+    value = {rel: {b: kb.bands[b][rel] for b in bands} for rel in ("town", "genre", "year")}
     out: List[QAExample] = []
-
-    def add(dataset, relation, i, a, b, answers):
-        q = rng.choice(PAIR_TEMPLATES[dataset]).format(a=a, b=b)
-        meta = {"subject": a, "subjects": [a, b], "kind": "band", "hops": 2, "relation": relation,
-                "towns": [town[a], town[b]], "years": [year[a], year[b]], "gold": [gold_of[a], gold_of[b]]}
-        out.append(QAExample(id=f"{dataset}-{i:03d}", dataset=dataset, question=q, answers=answers, meta=meta))
-
-    for i, (a, b) in enumerate(_matching(rng, bands, lambda x, y: year[x] != year[y], n)):
-        add(COMPARE, "year", i, a, b, [a if year[a] < year[b] else b])
-    n_yes = n // 2
-    yes = _matching(rng, bands, lambda x, y: town[x] == town[y], n_yes)
-    in_yes = {b for p in yes for b in p}
-    no = _matching(rng, [b for b in bands if b not in in_yes], lambda x, y: town[x] != town[y],
-                   n - len(yes), fill_from=bands)  # a small world: fewer yes pairs, more no pairs
-    pairs = [(p, "yes") for p in yes] + [(p, "no") for p in no]
-    rng.shuffle(pairs)
-    for i, ((a, b), answer) in enumerate(pairs):
-        add(SAME_TOWN, "town", i, a, b, [answer])
+    for dataset in PAIR_DATASETS:
+        rel = PAIR_RELATIONS[dataset]
+        v = value[rel]
+        for i, (a, b) in enumerate(_matching(rng, bands, lambda x, y: v[x] != v[y], n)):
+            q = rng.choice(PAIR_TEMPLATES[dataset]).format(a=a, b=b)
+            meta = {"subject": a, "subjects": [a, b], "kind": "band", "hops": 2, "relation": rel,
+                    **{f"{r}s": [value[r][a], value[r][b]] for r in ("town", "genre", "year")},
+                    "gold": [gold_of[a], gold_of[b]]}
+            out.append(QAExample(id=f"{dataset}-{i:03d}", dataset=dataset, question=q,
+                                 answers=pair_answers(v[a], v[b]), meta=meta))
     return out
 
 

@@ -57,8 +57,8 @@ def test_default_world_sizes_and_files(world):
     assert info["passages"] == 400 + 40 + 60 + 20 + 280
     # 360 + 360 chain and 120 + 120 pair questions train, 20 and 60 of each of the four datasets
     assert info["questions"] == {"train": 960, "dev": 80, "test": 240}
-    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 360, TWO_HOP: 360, "tiny_compare": 120,
-                                                     "tiny_same_town": 120}
+    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 360, TWO_HOP: 360, "tiny_pair_towns": 120,
+                                                     "tiny_pair_genres": 120}
     corpus = corpus_of(world)
     assert len(corpus) == info["passages"]
     for contents in corpus.values():
