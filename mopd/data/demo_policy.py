@@ -95,6 +95,15 @@ VAGUE_QUERIES = {"band": ["band formed in town", "{w} band", "where was the band
                  "town": ["river through the town", "town on the river", "which river"]}
 
 
+def answer_text(answer: str) -> str:
+    """The Answerer's action, its answer after a space: ``<answer> Ashford</answer>``. A byte-level
+    BPE gives a name after ``>`` another token than after a space, and the reports hold the name
+    after a space, so written this way the answer is a copy of the very token the report holds
+    (the scorer ignores the space). Written ``<answer>Ashford``, pi_0 did not learn to copy towns
+    within its 800 SFT steps (bench/RESULTS.md, "Pair questions with one-token answers")."""
+    return f"<answer> {answer}</answer>"
+
+
 def _pattern(template: str) -> re.Pattern:
     parts = template.split("{s}") if "{s}" in template else template.split("{t}")
     return re.compile("^" + "(.+?)".join(re.escape(p) for p in parts) + "$")
@@ -377,9 +386,9 @@ class DemoPolicy:
         text = " ".join(t for _, _, t in view.reports)
         if task.subject is None:
             names = self._town_re.findall(text) + self._river_re.findall(text)
-            return f"<answer>{names[0] if names else rng.choice(sorted(self.kb.towns))}</answer>"
+            return answer_text(names[0] if names else rng.choice(sorted(self.kb.towns)))
         if task.pair:
-            return f"<answer>{self._pair_answer(task, text, rng)}</answer>"
+            return answer_text(self._pair_answer(task, text, rng))
         town = self.home(task.subject)
         if task.hops == 1:
             right, pool, mentioned = town, sorted(self.kb.towns), self._town_re.findall(text)
@@ -397,7 +406,7 @@ class DemoPolicy:
             pick = rng.choice([n for n in pool if n != right])
         else:
             pick = rng.choice(mentioned or pool)
-        return f"<answer>{pick}</answer>"
+        return answer_text(pick)
 
 
     def pair_answer(self, task: Task) -> str:

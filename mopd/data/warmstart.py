@@ -171,17 +171,16 @@ tokenizer's training texts: with a 2,048-token BPE every town, river and name wo
 
 
 PAIR_ANSWER_TEXTS = ["<answer>Ashford and folk</answer>", " and "]
-"""The joint of a pair answer as the Answerer writes it ("T1 and T2"), so " and" after a name is
-the same token everywhere."""
+"""The joint of a pair answer ("Ashford and folk"), so " and" after a name is one token."""
 
 
 def tokenizer_texts(world_dir) -> List[str]:
     """What the tokenizer is trained on: every passage, the training questions, the subtask
     wordings (pair subtasks and the pair answers' joint included), the role prompts ``PROMPT_WEIGHT``
-    times, and the name vocabulary and the answer names as an answer starts ``NAME_WEIGHT`` times."""
+    times and the name vocabulary ``NAME_WEIGHT`` times."""
     from mopd.data.demo_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
     from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.data.world_kb import answer_names, name_vocabulary
+    from mopd.data.world_kb import name_vocabulary
     from mopd.rollout.prompts import all_prompt_texts
 
     paths = WorldPaths.of(world_dir)
@@ -193,9 +192,8 @@ def tokenizer_texts(world_dir) -> List[str]:
     chat_roles = "system\nuser\nassistant\n"  # the chat template's role headers
     names = name_vocabulary()
     name_lines = [" ".join(names[i:i + 20]) for i in range(0, len(names), 20)]
-    answers = [f"<answer>{n}</answer>" for n in answer_names()]
     return (texts + (list(all_prompt_texts()) + [chat_roles]) * PROMPT_WEIGHT
-            + (name_lines + answers) * NAME_WEIGHT)
+            + name_lines * NAME_WEIGHT)
 
 
 def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),
@@ -232,11 +230,10 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
 
 def name_token_ids(tokenizer) -> List[int]:
     """Ids of the one-token names of :func:`mopd.data.world_kb.name_vocabulary` (as in running
-    text, after a space) and of :func:`mopd.data.world_kb.answer_names` (as an answer starts)."""
-    from mopd.data.world_kb import answer_names, name_vocabulary
+    text, after a space)."""
+    from mopd.data.world_kb import name_vocabulary
 
-    ids = ([tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
-           + [tokenizer.encode(n, add_special_tokens=False) for n in answer_names()])
+    ids = [tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
     return sorted({i[0] for i in ids if len(i) == 1})
 
 

@@ -58,16 +58,6 @@ def name_vocabulary() -> List[str]:
     return towns + rivers + BAND_ADJECTIVES + BAND_NOUNS + singular + FIRST_NAMES + SURNAMES + words + REGIONS + GENRES
 
 
-def answer_names() -> List[str]:
-    """Every name an answer can start with (towns, rivers, genres): written right after
-    ``<answer>``, with no space before it, a name is another token than in running text, so the
-    tokenizer learns this form too (without it, 66 of the 160 towns and none of the genres were one
-    token there)."""
-    towns = [h + t for h in TOWN_HEADS for t in TOWN_TAILS]
-    rivers = ["".join(p) for p in itertools.product(*RIVER_SYLLABLES)]
-    return towns + rivers + GENRES
-
-
 @dataclass
 class WorldSizes:
     bands: int = 200

@@ -140,6 +140,6 @@ def test_answerer_picks_among_the_names_in_the_reports(world):
                                      question=f"Where was the band {band} formed?") + "<|im_end|>\n"
     # right_pick 0: never the supported town, always the other name in the reports
     picks = {policy.act(prompt, random.Random(i)) for i in range(20)}
-    assert picks == {f"<answer>{other}</answer>"}
+    assert picks == {f"<answer> {other}</answer>"}
     policy = world_policy(world.root, PERFECT)
-    assert {policy.act(prompt, random.Random(i)) for i in range(5)} == {f"<answer>{town}</answer>"}
+    assert {policy.act(prompt, random.Random(i)) for i in range(5)} == {f"<answer> {town}</answer>"}

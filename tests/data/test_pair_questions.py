@@ -13,6 +13,7 @@ from mopd.data.demo_policy import (
     SUBTASK_ONE,
     DemoEngine,
     DemoStyle,
+    answer_text,
     world_policy,
 )
 from mopd.data.tinyworld import WorldSettings, build_world, load_question_meta, load_split, read_settings
@@ -110,12 +111,17 @@ def test_the_tokenizer_writes_each_half_of_a_pair_answer_as_one_name_token(world
     tok = world_tokenizer
     for q in [q for q in all_questions(world) if q.dataset in PAIR_DATASETS][::25]:
         x, y = q.answers[0].split(" and ")
-        ids = tok.encode(f"<answer>{q.answers[0]}</answer>", add_special_tokens=False)
-        assert tok.decode(ids) == f"<answer>{q.answers[0]}</answer>"
-        # the answer's ids are <answer>'s, one token per name and one for " and", then </answer>'s
+        text = answer_text(q.answers[0])
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+        # the answer's ids are <answer>'s, one token per name and one for " and", then </answer>'s; each
+        # name the very token a passage holds it as (the Answerer copies it from a report)
         opening = tok.encode("<answer>", add_special_tokens=False)
         body = ids[len(opening):len(opening) + 3]
-        assert tok.decode(body[:1]) == x and tok.decode(body[1:2]) == " and" and tok.decode(body[2:]) == f" {y}", q
+        assert [tok.decode([i]) for i in body] == [f" {x}", " and", f" {y}"], q
+        assert ids[len(opening) + 3:] == tok.encode("</answer>", add_special_tokens=False)
+        for name, tid in ((x, body[0]), (y, body[2])):
+            assert tid in tok.encode(f"formed in {name} in", add_special_tokens=False)
     band = sorted(json.loads(world.kb.read_text())["bands"])[5]
     for text in PAIR_SUBTASK_TEXTS:
         text = text.format(s=band, a=band, b=band)
@@ -140,16 +146,16 @@ def test_the_answerer_copies_both_values_or_guesses_the_missing_one(world):
             right = world_policy(world.root, PERFECT)
             sentences = [right._gold_sentences[a], right._gold_sentences[b]]
             full = answerer_prompt(q.question, sentences)
-            assert {right.act(full, random.Random(i)) for i in range(5)} == {f"<answer>{x} and {y}</answer>"}
+            assert {right.act(full, random.Random(i)) for i in range(5)} == {answer_text(f"{x} and {y}")}
             wrong = world_policy(world.root, DemoStyle(right_pick=0.0))
             for i in range(10):  # one half swapped for another name of the kind
-                u, v = wrong.act(full, random.Random(i))[len("<answer>"):-len("</answer>")].split(" and ")
+                u, v = wrong.act(full, random.Random(i))[len("<answer> "):-len("</answer>")].split(" and ")
                 assert (u == x) != (v == y) and {u, v} <= names
                 assert (v if u == x else u) not in (x, y)
             half = answerer_prompt(q.question, sentences[:1])
             seconds = set()
             for i in range(40):
-                u, v = right.act(half, random.Random(i))[len("<answer>"):-len("</answer>")].split(" and ")
+                u, v = right.act(half, random.Random(i))[len("<answer> "):-len("</answer>")].split(" and ")
                 assert u == x and v in names - {x}
                 seconds.add(v)
             assert len(seconds) > 3  # a guess among the names of the kind, not a fixed one
@@ -231,3 +237,41 @@ def test_the_leader_re_asks_for_the_missing_band_only_then_selects(world, world_
     picks = Counter(policy.act(after_two, random.Random(i)) for i in range(50))
     assert set(picks) == {"<select>1,3</select>", "<select>1,2,3</select>"}  # useful ones, or all (0.2)
     assert picks["<select>1,3</select>"] > 30
+
+
+class _FixedAnswerer:
+    """A stand-in model that answers every request with one text and keeps the prompts it saw."""
+
+    def __init__(self, tok, text):
+        self.tok, self.text, self.prompts = tok, text, []
+
+    def generate(self, requests):
+        from mopd.rollout.scripted_engine import completion_from_text
+
+        self.prompts += [self.tok.decode(r.prompt_ids) for r in requests]
+        return [[completion_from_text(self.tok, self.text, r.params)] * r.params.n for r in requests]
+
+
+def test_answerer_only_sends_the_answerers_requests_to_the_model(world, world_tokenizer, retriever):
+    """The Answerer check (bench/scripted_team.py --answerer): the scripted Leader and Searchers act,
+    the model writes every answer and nothing else."""
+    from mopd.data.policy_check import AnswererOnly
+
+    qs = [q for q in load_split(world, "dev") if q.dataset in PAIR_DATASETS][:6]
+    for wf in ("cmas", "hmas"):
+        team = DemoEngine(world_policy(world.root, PERFECT), world_tokenizer, seed=5)
+        model = _FixedAnswerer(world_tokenizer, "<answer>Ashford and folk</answer>")
+        settings = workflow_settings(wf, temperature=1.0, top_p=1.0, seed=5)
+        records = run_workflows(AnswererOnly(team, model, world_tokenizer), retriever, world_tokenizer, qs, settings,
+                                attempts=2, progress=False)
+        answerer_calls = sum(len(r.calls_of("answerer")) for r in records)
+        assert len(model.prompts) == answerer_calls >= len(records) == 12
+        assert all(prompts.ANSWERER_SYSTEM in p for p in model.prompts)
+        assert all(r.final_answer == "Ashford and folk" for r in records)
+        # the scripted team did the rest: every workflow searched, and the Answerer saw both bands' facts
+        assert all(r.search_actions >= 2 for r in records)
+        policy = world_policy(world.root, PERFECT)
+        meta = load_question_meta(world)
+        for q in qs:
+            seen = [p for p in model.prompts if q.question in p]
+            assert seen and all(policy._gold_sentences[s] in p for p in seen for s in meta[q.question]["subjects"])
