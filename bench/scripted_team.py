@@ -30,12 +30,15 @@ def answerer_table(a, style):
 
     result = check_answerer(a.answerer, a.world, split=a.split, attempts=a.attempts, seed=a.seed, style=style)
     datasets = sorted(next(iter(result.values()))["em_by_dataset"])
+    print("EM of every workflow, and (in brackets) of those whose Answerer was given every fact the answer "
+          "needs, with their number")
     print("| workflow | Answerer | " + " | ".join(datasets) + " | all | answers valid |")
     print("|---|---|" + "---|" * (len(datasets) + 2))
     for name, r in result.items():
         wf, _, scripted = name.partition("_")
-        print(f"| {wf} | {'scripted' if scripted else 'model'} | "
-              + " | ".join(f"{r['em_by_dataset'][d]:.3f}" for d in datasets)
+        cells = [f"{r['em_by_dataset'][d]:.3f} ({r['em_given_facts'].get(d, float('nan')):.3f}, "
+                 f"n={r['given_facts'].get(d, 0)})" for d in datasets]
+        print(f"| {wf} | {'scripted' if scripted else 'model'} | " + " | ".join(cells)
               + f" | {r['em']:.3f} | {r['answer_valid']:.3f} |")
 
 

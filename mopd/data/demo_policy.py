@@ -185,6 +185,20 @@ class DemoPolicy:
                 return Task(hops=hops, kind=kind, subject=m.group(1))
         return Task(hops=1)
 
+    def holds_needed_facts(self, question: str, text: str) -> Optional[bool]:
+        """Whether ``text`` holds every gold sentence an answer to ``question`` rests on: the
+        subject's (and for a two-hop question its town's or that town's river's, either names the
+        river), or both bands' for a pair question; None for a question not understood."""
+        task = self.task_of_question(question)
+        if task.pair:
+            return all(self._subject_sentence(s) in text for s in task.pair)
+        if task.subject is None:
+            return None
+        found = self._subject_sentence(task.subject) in text
+        if task.hops == 2:
+            found = found and any(s in text for s in self._river_sentences(self.home(task.subject)))
+        return found
+
     def home(self, subject: str) -> str:
         return self.kb.subject(subject)["town"]
 

@@ -212,7 +212,10 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
     """``{workflow: summarize(records)}`` of the scripted team (:mod:`mopd.data.demo_policy`,
     ``style`` or its defaults) with ``model_dir``'s Answerer, on a split of the world; also
     ``{workflow}_scripted``: the same workflows with the scripted Answerer, for comparison
-    (same seeds, so the same Leader and Searcher draws up to the Answerer's turn)."""
+    (same seeds, so the same Leader and Searcher draws up to the Answerer's turn). Each summary
+    also has ``em_given_facts``: per dataset, the EM of the workflows whose last Answerer prompt
+    holds every gold fact the answer needs (both bands' sentences for a pair question; the
+    Answerer's own job, whatever the Searchers missed), and ``given_facts``: how many those were."""
     from mopd.config import EvalConfig, RetrieverConfig
     from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
     from mopd.data.tinyworld import WorldPaths, load_split
@@ -234,5 +237,22 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
                              (f"{wf}_scripted", DemoEngine(policy, tok, seed=seed))):
             records = run_workflows(engine, retriever, tok, questions, settings, attempts=attempts,
                                     method="answerer-check", progress=progress)
-            out[name] = summarize(records)
+            out[name] = summarize(records) | _em_given_facts(records, policy, tok)
     return out
+
+
+def _em_given_facts(records, policy, tokenizer) -> dict:
+    """EM per dataset over the workflows whose last Answerer prompt holds every gold sentence the
+    answer needs (:meth:`mopd.data.demo_policy.DemoPolicy.holds_needed_facts`)."""
+    from mopd.core.scoring import exact_match
+
+    by_ds = defaultdict(list)
+    for r in records:
+        calls = r.calls_of("answerer")
+        if not calls:
+            continue
+        prompt = tokenizer.decode(calls[-1].token_ids(), skip_special_tokens=False)
+        if policy.holds_needed_facts(r.question, prompt):
+            by_ds[r.dataset].append(exact_match(r.final_answer, r.answers))
+    return {"em_given_facts": {k: sum(v) / len(v) for k, v in sorted(by_ds.items())},
+            "given_facts": {k: len(v) for k, v in sorted(by_ds.items())}}

@@ -1,6 +1,7 @@
 """Pair questions (both bands' towns, both bands' genres): right answers, held-out subjects, tokens,
 and a scripted team for which the hierarchy pays (two Searchers for two independent facts)."""
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -275,3 +276,23 @@ def test_answerer_only_sends_the_answerers_requests_to_the_model(world, world_to
         for q in qs:
             seen = [p for p in model.prompts if q.question in p]
             assert seen and all(policy._gold_sentences[s] in p for p in seen for s in meta[q.question]["subjects"])
+
+
+def test_em_given_facts_counts_only_workflows_whose_answerer_saw_every_needed_fact(world, world_tokenizer, retriever):
+    from mopd.data.policy_check import _em_given_facts
+
+    qs = load_split(world, "dev")[::5]
+    policy = world_policy(world.root, PERFECT)
+    careful = run(world, world_tokenizer, retriever, "hmas", qs, PERFECT, seed=3)
+    out = _em_given_facts(careful, policy, world_tokenizer)
+    by_ds = Counter(q.dataset for q in qs)
+    # a perfect team finds every fact (two-hop: the town's sentence too) and answers right
+    assert out["given_facts"] == dict(sorted(by_ds.items())) and set(out["em_given_facts"].values()) == {1.0}
+    # a team that never searches reports made-up facts: no workflow has its facts
+    blind = dataclasses.replace(PERFECT, search_first=0.0)
+    out = _em_given_facts(run(world, world_tokenizer, retriever, "hmas", qs, blind, seed=3), policy, world_tokenizer)
+    assert out == {"em_given_facts": {}, "given_facts": {}}
+    # a careless Answerer (right_pick 0) given every fact is wrong every time
+    sloppy = dataclasses.replace(PERFECT, right_pick=0.0)
+    out = _em_given_facts(run(world, world_tokenizer, retriever, "hmas", qs, sloppy, seed=3), policy, world_tokenizer)
+    assert out["given_facts"] == dict(sorted(by_ds.items())) and set(out["em_given_facts"].values()) == {0.0}
