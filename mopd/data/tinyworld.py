@@ -76,11 +76,14 @@ class WorldSettings:
     rivers: int = 20
     twins: int = 16
     distractors: int = 280
-    pair_questions: int = 200
-    """Questions of each pair type (towns, genres) in the pool; test and dev take theirs
-    from them and the rest train. 200 leave 80 of each in training (beside 640 chain questions),
-    so the warm start's demonstrations grow by a quarter, not double (one per band would be 2 x 208).
-    The pool's pairs of one type share no band while the bands last (a random matching)."""
+    pair_questions: int = 400
+    """Questions of each pair type (towns, genres) in the pool; test and dev take theirs from them
+    and the rest train: 400 leave 320 of each in training beside 720 chain questions. With 120 of
+    each (200 here), pi_0 (1,200 SFT steps) wrote the pair answer right in 20-29% of the scripted
+    team's H-MAS workflows on seed 0's dev split, with 320 in 46-51% (bench/RESULTS.md, "Pair
+    questions with one-token answers"). A pool's pairs share no band while the bands last (a random
+    matching, about 200 pairs), then reuse bands; the test and dev pairs are taken from bands of
+    their own first (:func:`held_out_pairs`)."""
     test_per_dataset: int = 60
     """Test questions per dataset (one-hop, two-hop, pair towns, pair genres), each about its own subject
     where the bands allow. With the two chain datasets alone, 2 x 100 made the demo's 95% intervals

@@ -44,12 +44,16 @@ PI0_FORMAT = 1
 
 @dataclass(frozen=True)
 class WarmStartSettings:
-    steps: int = 800
+    steps: int = 1200
     """SFT steps. The tiny model learns to copy names from its prompt in a sudden transition whose
     step depends on the seed: with ``search_first`` 0.9, at 450 steps pi_0's dev EM was 0.02-0.28 in
     8 runs (below 0.11 in 5), at 800 it was 0.70-0.87 on all 10 seeds; with 0.6, at 800 steps, it
-    was 0.39-0.55 on all 10 seeds (``mopd world pi0-check``; bench/RESULTS.md, "The demo's
-    warm start" and "A warm start that under-searches")."""
+    was 0.39-0.55 on all 10 seeds of the chain-only world (``mopd world pi0-check``; bench/RESULTS.md,
+    "The demo's warm start" and "A warm start that under-searches"). Copying two names into a pair
+    answer comes later: on seed 0 with one-token pair answers, 800 steps gave dev EM 0.277 and the
+    Answerer wrote 0-30% of the scripted team's pair answers right, 1,200 steps (and 320 training
+    questions per pair type) 0.347 and 46-51% (bench/RESULTS.md, "Pair questions with one-token
+    answers")."""
     episodes_per_step: int = 16
     """Demonstration episodes (all their agent calls) per optimiser step."""
     attempts: int = 4
@@ -82,13 +86,16 @@ class WarmStartSettings:
     good_query: float = 0.8
     right_copy: float = 0.9
     right_pick: float = 0.9
-    search_first: float = 0.6
+    search_first: float = 0.7
     """How often a demonstrated Searcher searches before its first report; otherwise it reports a
     made-up fact at once. pi_0 learns this as a habit it samples, so it sets the headroom outcome RL
-    and OPD have: on seed 0's dev split, 0.9 gave a pi_0 at dev EM 0.71 whose misses were sampling
-    slips (pass@4 92-94%, RL could only sharpen), 0.6 one at 0.43 (about 1 search per workflow),
-    and at 0.4 the copying transition did not happen within 800 steps (EM 0.03; bench/RESULTS.md,
-    "A warm start that under-searches")."""
+    and OPD have: on seed 0's dev split of the chain-only world, 0.9 gave a pi_0 at dev EM 0.71 whose
+    misses were sampling slips (pass@4 92-94%, RL could only sharpen), 0.6 one at 0.43 (about 1
+    search per workflow), and at 0.4 the copying transition did not happen within 800 steps (EM
+    0.03; bench/RESULTS.md, "A warm start that under-searches"). With the one-token pair questions
+    (1,200 steps, seed 0 dev): 0.6 gave 0.347, 0.7 0.448 and 0.8 0.552; 0.7 keeps the demo's pi_0
+    above issue 35's 0.35 with room for other seeds and leaves a no-search habit for the Searcher's
+    training to remove (bench/RESULTS.md, "Pair questions with one-token answers")."""
 
     split_pair: float = 0.8
     """How often the demonstrated Leader splits a pair question into one subtask per band

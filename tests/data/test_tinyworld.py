@@ -55,10 +55,10 @@ def test_a_finished_world_is_reused_and_other_settings_rebuild_it(tmp_path):
 def test_default_world_sizes_and_files(world):
     info = read_settings(world.root)
     assert info["passages"] == 400 + 40 + 60 + 20 + 280
-    # 360 + 360 chain and 120 + 120 pair questions train, 20 and 60 of each of the four datasets
-    assert info["questions"] == {"train": 960, "dev": 80, "test": 240}
-    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 360, TWO_HOP: 360, "tiny_pair_towns": 120,
-                                                     "tiny_pair_genres": 120}
+    # 360 + 360 chain and 320 + 320 pair questions train, 20 and 60 of each of the four datasets
+    assert info["questions"] == {"train": 1360, "dev": 80, "test": 240}
+    assert info["questions_by_dataset"]["train"] == {ONE_HOP: 360, TWO_HOP: 360, "tiny_pair_towns": 320,
+                                                     "tiny_pair_genres": 320}
     corpus = corpus_of(world)
     assert len(corpus) == info["passages"]
     for contents in corpus.values():

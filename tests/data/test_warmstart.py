@@ -117,7 +117,7 @@ def test_build_pi0_writes_a_loadable_model_and_reuses_it(world, tmp_path):
 
 def test_world_cli(tmp_path, capsys):
     assert main(["world", "build", "--out", str(tmp_path / "w"), "--index", "bm25"]) == 0
-    assert "train 960" in capsys.readouterr().out
+    assert "train 1360" in capsys.readouterr().out
     info = json.loads((tmp_path / "w" / "world.json").read_text())
     assert info["settings"]["index_kind"] == "bm25"
     assert main(["world", "pi0", "--world", str(tmp_path / "missing"), "--out", str(tmp_path / "p")]) == 2
