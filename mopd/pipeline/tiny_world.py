@@ -29,16 +29,14 @@ class DemoSettings:
     """Seed of the world, pi_0 and training."""
     pi0_steps: Optional[int] = None
     """SFT steps of the warm start (None: the warm-start recipe's default)."""
-    stage1_steps: int = 8
+    stage1_steps: int = 10
     """Stage I (C-MAS) training steps. The same as ``stage2_steps`` by default, and both stages
     train on 12 questions x 6 workflows per step (the tiny presets), so C-MAS + RL and every Stage II
     arm have the same RL budget (issue 35; it was 15 steps of 16 x 8)."""
-    stage2_steps: int = 8
-    """Stage II (H-MAS) training steps, every arm alike. 8: on seed 0's dev split of the one-token
-    pair world, with 10 steps of each stage, validation EM was at its best by step 5 (Stage I 85.6%
-    at 5, 81.9% at 10; MultiAgent-OPD 75.6% at 5 and 10; the control 71.2% and 70.0%), and the
-    demo ran 24.7 minutes before set-up against the 25 minutes of set-up and demo together that issue
-    35 allows (bench/RESULTS.md, "The demo on the one-token pair world")."""
+    stage2_steps: int = 10
+    """Stage II (H-MAS) training steps, every arm alike (10: on seed 0's dev split of the earlier pair
+    world, with 15 steps, MultiAgent-OPD's dev EM was 50.0% at steps 5 and 10 and 45.0% at 15, the
+    control's 40.6-45.0% throughout; 10 also keeps the demo within 25 minutes)."""
     test_questions: Optional[int] = None
     """Evaluate on the first N test questions (None: the whole test split)."""
     attempts: int = 4
