@@ -47,7 +47,7 @@ def _register_demo(sub) -> None:
 
     d = DemoSettings()
     p = sub.add_parser(
-        "demo", help="the whole method end to end on the built-in tiny world (CPU, ~20 minutes)",
+        "demo", help="the whole method end to end on the built-in tiny world (CPU, ~25 minutes)",
         description="Build a tiny search-QA world and its retrieval index, warm-start pi_0 by SFT, train "
                     "Stage I (C-MAS outcome RL), export it as the teacher, train two Stage II arms from pi_0 "
                     "side by side (MultiAgent-OPD, and the same run without Searcher supervision), evaluate "
