@@ -12,7 +12,8 @@ from mopd.train.trainer import PolicyTrainer
 from tests.helpers.retrievers import FakeRetriever
 from tests.helpers.training import tiny_overrides
 
-TINY_LINE = "the tiny_* presets' learning rates (here trainer.lr=0.0003) are for the tiny world's 0.7M-parameter model"
+PRESET_LR = resolve("tiny_cmas_rl").trainer.lr
+TINY_LINE = f"the tiny_* presets' learning rates (here trainer.lr={PRESET_LR:g}) are for the tiny world's 0.7M-parameter model"
 
 
 @pytest.mark.parametrize("spelling", [["data.dev="], ["--data.dev="], ["--data.dev", ""]])
@@ -42,7 +43,7 @@ def test_a_run_without_a_dev_set_trains_and_never_validates(tiny_model_dir, qa_f
 
 
 def _tiny_preset_trainer(model_dir, qa_file, out, **extra):
-    cfg = resolve("tiny_cmas_rl", tiny_overrides(model_dir, qa_file, out, **{"trainer.lr": 3e-4, **extra}))
+    cfg = resolve("tiny_cmas_rl", tiny_overrides(model_dir, qa_file, out, **{"trainer.lr": PRESET_LR, **extra}))
     return PolicyTrainer(cfg, retriever=FakeRetriever(), progress=False)
 
 
