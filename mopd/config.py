@@ -893,11 +893,10 @@ def describe(cfg: Config) -> str:
 
 
 def _tiny(cfg: Config, steps: int) -> Config:
-    # Chosen in the demo's first pass with an older pi_0, partly on seed 0's test split (bench/RESULTS.md,
-    # "Trainer and demo"): with rollouts at T=1, or at lr 1e-3, Stage I did not raise dev EM within
-    # 20 steps (lr 1e-3 lowered it); rollouts at the evaluation temperature 0.6 with lr 3e-4 gave +9
-    # points of test avg@4 in 20 steps. Not retuned since; with the current pi_0 they were checked on
-    # seed 0's dev split only (bench/RESULTS.md, "A warm start that under-searches").
+    # Rollout temperature chosen in the demo's first pass with an older pi_0, partly on seed 0's test
+    # split (bench/RESULTS.md, "Trainer and demo"): with rollouts at T=1, or at lr 1e-3, Stage I did
+    # not raise dev EM within 20 steps (lr 1e-3 lowered it); rollouts at the evaluation temperature
+    # 0.6 with lr 3e-4 (16 x 8) gave +9 points of test avg@4 in 20 steps. Not retuned since.
     # Both stages get the same RL budget per step (12 questions x 6 workflows; issue 35: Stage I had
     # 16 x 8 at lr 3e-4 and 15 steps against Stage II's 12 x 6 at 5e-4 and 10, so a Stage II arm
     # could not be weighed against C-MAS + RL at equal rollouts). lr 5e-4 with 12 x 6 matched what
@@ -941,7 +940,8 @@ def _tiny_stage2(base: Config, name: str) -> Config:
     # on-policy-distillation weight) cut the teacher log-ratio from -0.10 to -0.04 in 5 steps.
     # Stage II's batches were made smaller than Stage I's then (12 x 6 H-MAS workflows against 16 x 8
     # C-MAS ones); lr 5e-4 matched what 16 x 8 at 3e-4 gained on the test split (+5.6 and +5.0
-    # points), at the lower cost; both stages now share them (``_tiny``). Those three choices were made with the first pass's pi_0 (the test split then). With the current
+    # points), at the lower cost; both stages now share them (``_tiny``). Those three choices were
+    # made with the first pass's pi_0 (the test split then). With the current
     # pi_0 (search_first 0.6), on seed 0's dev split, a session cut off before it could write its
     # records found that the paper's two coefficients also learn (MultiAgent-OPD +21.0 points of dev
     # avg@4 against +26.3 with these) and beta 0 does not; kept. With the pair world, beta 1 minus beta

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mopd.data.demo_reader import Doc, PromptView, read_prompt
 from mopd.data.world_kb import GENRES, KnowledgeBase
-from mopd.data.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, pair_answers
+from mopd.data.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, pair_answers, with_article
 from mopd.rollout.sampling import derive_seed
 from mopd.rollout.scripted_engine import ScriptedEngine
 
@@ -312,7 +312,7 @@ class DemoPolicy:
         town = rng.choice(sorted(self.kb.towns))
         if task.relation:
             year, genre = rng.randrange(1962, 2016), rng.choice(GENRES)
-            return " ".join(f"{s} is {'an' if genre[0] in 'aeiou' else 'a'} {genre} band formed in {town} in {year}."
+            return " ".join(f"{s} is {with_article(genre)} band formed in {town} in {year}."
                             for s in (task.pair or (task.subject,)))
         if task.kind == "town" and task.town:
             return f"{task.town} is a town on the river {rng.choice(sorted(self.kb.rivers))}."

@@ -80,7 +80,7 @@ class WorldText:
     """Entity name -> id of its gold passage."""
 
 
-def _a(word: str) -> str:
+def with_article(word: str) -> str:
     """The indefinite article for ``word``: 'a folk', 'an indie'."""
     return ("an " if word[:1].lower() in "aeiou" else "a ") + word
 
@@ -94,15 +94,15 @@ def gold_passages(kb: KnowledgeBase, rng: random.Random) -> List[WorldPassage]:
     for i, (b, a) in enumerate(kb.bands.items()):
         m1, m2 = a["members"]
         text = rng.choice([
-            f"{b} is {_a(a['genre'])} band formed in {a['town']} in {a['year']}.",
-            f"{b} are {_a(a['genre'])} group that was formed in {a['town']} in {a['year']} by {m1} and {m2}.",
+            f"{b} is {with_article(a['genre'])} band formed in {a['town']} in {a['year']}.",
+            f"{b} are {with_article(a['genre'])} group that was formed in {a['town']} in {a['year']} by {m1} and {m2}.",
         ])
         out.append(WorldPassage(f"band-{i:03d}", b, text, "band"))
     for i, (c, a) in enumerate(kb.companies.items()):
         word = INDUSTRY_WORDS[a["industry"]]
         text = rng.choice([
-            f"{c} is {_a(word)} company headquartered in {a['town']}, founded in {a['year']} by {a['founder']}.",
-            f"{c} is {_a(word)} firm with its headquarters in {a['town']}.",
+            f"{c} is {with_article(word)} company headquartered in {a['town']}, founded in {a['year']} by {a['founder']}.",
+            f"{c} is {with_article(word)} firm with its headquarters in {a['town']}.",
         ])
         out.append(WorldPassage(f"company-{i:03d}", c, text, "company"))
     for i, (t, a) in enumerate(kb.towns.items()):
