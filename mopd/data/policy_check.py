@@ -82,6 +82,39 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     return out
 
 
+def _check_one_workflow(model_dir, world_dir, split: str, workflow: str, temperature: float, seed: int,
+                        attempts: int) -> dict:
+    from mopd.core.reproducible import deterministic_torch
+
+    deterministic_torch(1)
+    return check_policy(model_dir, world_dir, split=split, workflows=(workflow,), temperature=temperature, seed=seed,
+                        attempts=attempts)[workflow]
+
+
+def check_policy_side_by_side(model_dir, world_dir, *, workers: int, split: str = "test",
+                              workflows: Sequence[str] = ("cmas", "hmas"), temperature: float = 0.6, seed: int = 0,
+                              attempts: int = 1) -> Dict[str, dict]:
+    """:func:`check_policy`, each workflow in its own spawned process of one thread, ``workers`` at
+    a time. The records are those of one process at one thread: every request samples from its
+    own seeded generator and every query is searched alone, so nothing carries from one workflow
+    to the next."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(workers, len(workflows), os.cpu_count() or 1)
+    if workers <= 1:
+        from mopd.core.reproducible import deterministic_torch
+
+        deterministic_torch(1)
+        return check_policy(model_dir, world_dir, split=split, workflows=workflows, temperature=temperature,
+                            seed=seed, attempts=attempts)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {wf: pool.submit(_check_one_workflow, str(model_dir), str(world_dir), split, wf, temperature, seed,
+                                   attempts) for wf in workflows}
+        return {wf: f.result() for wf, f in futures.items()}
+
+
 def assess_pi0(result: Dict[str, dict], weak: WeakPi0 = WeakPi0()) -> Dict[str, object]:
     """Is a warm start strong enough for RL to have something to reinforce? ``result`` is
     :func:`check_policy`'s. pi_0 is weak when its EM (mean over the workflows) is below ``weak.em``
@@ -107,14 +140,14 @@ def assess_pi0(result: Dict[str, dict], weak: WeakPi0 = WeakPi0()) -> Dict[str, 
 
 
 def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: WeakPi0 = WeakPi0(),
-                     log=None) -> dict:
+                     log=None, workers: int = 1) -> dict:
     """:func:`check_policy` of pi_0 on the dev split (both workflows, ``attempts`` per question, T=0.6)
     with :func:`assess_pi0`'s verdict, written to ``path`` and reused from it when it was measured on
-    the same pi_0 with the same settings."""
+    the same pi_0 with the same settings. ``workers`` > 1 checks the workflows side by side (the same
+    records, :func:`check_policy_side_by_side`)."""
     import json
     from pathlib import Path
 
-    from mopd.core.reproducible import deterministic_torch
     from mopd.data.warmstart import read_pi0
 
     path = Path(path)
@@ -126,8 +159,8 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: We
             return done
     if log:
         log(f"pi_0 check: dev split, {attempts} workflows per question, C-MAS and H-MAS")
-    deterministic_torch(1)
-    result = check_policy(pi0, world_dir, split="dev", temperature=0.6, seed=seed, attempts=attempts)
+    result = check_policy_side_by_side(pi0, world_dir, workers=workers, split="dev", temperature=0.6, seed=seed,
+                                       attempts=attempts)
     out = {"key": key, "split": "dev", "attempts": attempts, "workflows": result,
            **assess_pi0(result, weak)}
     if log:
@@ -137,12 +170,13 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: We
 
 
 def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), pi0_steps=None,
-                pi0_items: Sequence[str] = (), attempts: int = 4, weak: WeakPi0 = WeakPi0(), log=None) -> Dict[int, dict]:
+                pi0_items: Sequence[str] = (), attempts: int = 4, weak: WeakPi0 = WeakPi0(), log=None,
+                workers: int = 2) -> Dict[int, dict]:
     """For each seed, the world and pi_0 as ``mopd demo --seeds`` builds them (ROOT/seedN/world,
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
     writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
     KEY=VALUE settings (``index_kind=bm25`` among them), ``pi0_items`` the warm start's
-    (:func:`mopd.data.warmstart.parse_pi0_settings`)."""
+    (:func:`mopd.data.warmstart.parse_pi0_settings`); ``workers``: processes of the dev check."""
     import json
     from pathlib import Path
 
@@ -163,7 +197,7 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
             kw["steps"] = pi0_steps
         pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, **kw)
         out[n] = check_pi0_cached(pi0, world.root, d / "pi0_check.json", attempts=attempts, seed=n,
-                                  weak=weak, log=log)
+                                  weak=weak, log=log, workers=workers)
     root.mkdir(parents=True, exist_ok=True)
     summary = {str(n): {k: r[k] for k in ("em", "valid", "weak", "reasons", "thresholds")}
                | {"workflows": {wf: {"em": w["em"], "answer_valid": w["answer_valid"],

@@ -254,7 +254,8 @@ class _InProcess(_Timed):
 
         stage, w = _by_type(self.stages, Pi0CheckStage)[0], self.cfg.world
         return check_pi0_cached(stage.inputs[0], self.root / "world", Path(stage.outputs[0]), attempts=w.check_attempts,
-                                seed=self.cfg.seed, weak=WeakPi0(em=w.weak_em, valid=w.weak_valid), log=self.log)
+                                seed=self.cfg.seed, weak=WeakPi0(em=w.weak_em, valid=w.weak_valid), log=self.log,
+                                workers=self.cfg.launcher.eval_workers)
 
 
 def _render_report(stage: ReportStage, check: Optional[dict], log) -> Path:

@@ -102,3 +102,22 @@ def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
     assert after["demonstrations"]["world/cmas"]["searches_per_episode"] < before
     assert model.stat().st_mtime_ns != stamp[0]
     assert main(argv + ["--pi0", "search_first=2"]) == 2
+
+
+@pytest.mark.slow
+def test_pi0_check_side_by_side_gives_the_records_of_one_process(tmp_path):
+    """The pi_0 check's workflows in two processes measure exactly what one process measures
+    (the demo runs them side by side to save a minute; its published check must not move)."""
+    from mopd.data.policy_check import check_policy, check_policy_side_by_side
+    from mopd.data.tinyworld import build_world, parse_world_settings
+    from mopd.data.warmstart import build_pi0
+
+    small = ["bands=24", "companies=8", "towns=8", "rivers=4", "twins=2", "distractors=20", "test_per_dataset=4",
+             "dev_per_dataset=3", "index_kind=bm25"]
+    world = build_world(tmp_path / "world", settings=parse_world_settings(small, seed=3))
+    pi0 = build_pi0(world.root, tmp_path / "pi0", seed=3, steps=40, progress=False)
+    one = check_policy(pi0, world.root, split="dev", attempts=2, seed=5)
+    two = check_policy_side_by_side(pi0, world.root, workers=2, split="dev", attempts=2, seed=5)
+    assert list(two) == ["cmas", "hmas"]
+    assert two == one
+    assert one["cmas"]["tokens"] != one["hmas"]["tokens"]   # two different measurements, not one copied
