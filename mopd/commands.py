@@ -90,7 +90,7 @@ def _register_demo(sub) -> None:
                    help="evaluate on test (the final numbers) or dev (for every tuning choice; "
                         "written to report_dev/) (default test)")
     p.add_argument("--eval-workers", type=int, default=d.eval_workers,
-                   help=f"processes for the final evaluations and the pi_0 check's two workflows; the records are "
+                   help=f"processes for the final evaluations, pi_0's demonstrations and its check; the records are "
                         f"the same with 1 (default {d.eval_workers})")
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads of pi_0's SFT and Stage I, which run alone (default {d.threads}; "

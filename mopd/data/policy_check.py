@@ -176,7 +176,8 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
     writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
     KEY=VALUE settings (``index_kind=bm25`` among them), ``pi0_items`` the warm start's
-    (:func:`mopd.data.warmstart.parse_pi0_settings`); ``workers``: processes of the dev check."""
+    (:func:`mopd.data.warmstart.parse_pi0_settings`); ``workers``: processes of the demonstrations
+    and of the dev check."""
     import json
     from pathlib import Path
 
@@ -195,7 +196,7 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
         kw = parse_pi0_settings(pi0_items)
         if pi0_steps is not None:
             kw["steps"] = pi0_steps
-        pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, **kw)
+        pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, demo_workers=workers, **kw)
         out[n] = check_pi0_cached(pi0, world.root, d / "pi0_check.json", attempts=attempts, seed=n,
                                   weak=weak, log=log, workers=workers)
     root.mkdir(parents=True, exist_ok=True)

@@ -235,6 +235,51 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
     return demos
 
 
+def _demonstrations_in_worker(world_dir, tokenizer_dir, workflow: str, attempts: int, seed: int, style,
+                              max_questions) -> Demonstrations:
+    from transformers import AutoTokenizer
+
+    from mopd.config import RetrieverConfig
+    from mopd.core.reproducible import deterministic_torch
+    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.retriever import load_retriever
+
+    deterministic_torch(1)
+    paths = WorldPaths.of(world_dir)
+    retriever = CachedRetriever(load_retriever(RetrieverConfig(kind="inprocess", index=str(paths.index))))
+    return make_demonstrations(paths.root, AutoTokenizer.from_pretrained(tokenizer_dir), retriever,
+                               workflows=(workflow,), attempts=attempts, seed=seed, style=style,
+                               questions=load_split(paths, "train")[:max_questions])
+
+
+def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "WarmStartSettings", style,
+                         workers: int = 1) -> Demonstrations:
+    """:func:`make_demonstrations` over the world's training questions in ``s.workflows``; with
+    ``workers`` > 1 each workflow in its own spawned process of one thread (tokenizer loaded from
+    ``tokenizer_dir``), episodes in the same order. The episodes are those of one process: the
+    scripted policy draws from a generator seeded per workflow, and every query is searched alone
+    (on seed 0's world, 10,880 episodes, equal to one process at 2 threads; bench/RESULTS.md)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from mopd.data.tinyworld import WorldPaths, load_split
+
+    workers = min(workers, len(s.workflows), os.cpu_count() or 1)
+    if workers <= 1:
+        questions = load_split(WorldPaths.of(world_dir), "train")[:s.max_questions]
+        return make_demonstrations(world_dir, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
+                                   seed=s.seed, style=style, questions=questions)
+    out = Demonstrations()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = [pool.submit(_demonstrations_in_worker, str(world_dir), str(tokenizer_dir), wf, s.attempts, s.seed,
+                             style, s.max_questions) for wf in s.workflows]
+        for f in parts:
+            part = f.result()
+            out.episodes.extend(part.episodes)
+            out.stats.update(part.stats)
+    return out
+
+
 def name_token_ids(tokenizer) -> List[int]:
     """Ids of the one-token names of :func:`mopd.data.world_kb.name_vocabulary` (as in running
     text, after a space)."""
@@ -258,13 +303,15 @@ def _world_fingerprint(world_dir) -> str:
 
 
 def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed: int = 0, settings: Optional[WarmStartSettings] = None,
-              threads: Optional[int] = 1, progress: bool = True, **overrides) -> Path:
+              threads: Optional[int] = 1, progress: bool = True, demo_workers: int = 1, **overrides) -> Path:
     """Warm-start pi_0 on the tiny world in ``world_dir`` (from :func:`mopd.data.tinyworld.build_world`);
     returns ``out_dir`` (a model directory). ``settings`` or keyword ``overrides`` (any
     :class:`WarmStartSettings` field) change the recipe; a finished ``out_dir`` with the same
     recipe and world is returned at once. ``threads``: torch CPU threads from here on (None:
     leave torch's setting). 1 by default: with 2 threads and the other core busy, every small op
-    of the tiny model waits for the descheduled thread and training ran 5-50x slower."""
+    of the tiny model waits for the descheduled thread and training ran 5-50x slower.
+    ``demo_workers``: processes that build the demonstrations (one workflow each; the same episodes,
+    :func:`world_demonstrations`)."""
     s = settings or WarmStartSettings(steps=steps, seed=seed)
     if overrides:
         s = WarmStartSettings(**{**asdict(s), **overrides})
@@ -299,10 +346,8 @@ def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed:
     style = DemoStyle(good_query=s.good_query, right_copy=s.right_copy, right_pick=s.right_pick,
                       search_first=s.search_first, split_pair=s.split_pair, both_facts=s.both_facts)
     t_demo = time.perf_counter()
-    questions = load_split(paths, "train")[:s.max_questions]
     demos = Demonstrations()
-    demos.extend(make_demonstrations(paths.root, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
-                                     seed=s.seed, style=style, questions=questions), "world")
+    demos.extend(world_demonstrations(paths.root, init_dir, tokenizer, retriever, s, style, demo_workers), "world")
     for practice in build_practice_worlds(out.with_name(out.name + "_practice_worlds"), s.seed, s.practice_worlds):
         qs = [q for split in ("train", "dev", "test") for q in load_split(practice, split)][:s.max_questions]
         demos.extend(make_demonstrations(practice.root, tokenizer, CachedRetriever(open_retriever(practice.index)),

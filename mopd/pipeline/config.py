@@ -209,8 +209,8 @@ class LauncherConfig:
     arm_workers: int = 2
     """inprocess: Stage II arms trained at once (processes of one thread each; weights as with 1)."""
     eval_workers: int = 2
-    """inprocess: evaluations run at once, and the pi_0 check's workflows (processes of one thread
-    each; records as with 1)."""
+    """inprocess: evaluations run at once, and the workflows of pi_0's demonstrations and of its
+    check (processes of one thread each; records as with 1)."""
     lockstep: bool = True
     """inprocess: roll out with the lock-step scheduler, whose engine batches are a function of the
     runs' states (bit-reproducible), instead of the asynchronous one, whose batches depend on timing."""

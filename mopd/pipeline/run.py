@@ -246,6 +246,7 @@ class _InProcess(_Timed):
         self.log(f"pi_0 warm start (SFT on scripted demonstrations) -> {stage.outputs[0]}")
         kw = parse_pi0_settings(self.cfg.world.pi0)
         kw["threads"] = self.cfg.world.pi0_threads
+        kw["demo_workers"] = self.cfg.launcher.eval_workers
         deterministic_torch(1)
         build_pi0(Path(stage.inputs[0]), Path(stage.outputs[0]), seed=self.cfg.seed, **kw)
 

@@ -115,6 +115,18 @@ def test_build_pi0_writes_a_loadable_model_and_reuses_it(world, tmp_path):
     assert (out / "pi0.json").stat().st_mtime_ns == stamp
 
 
+def test_demonstrations_built_side_by_side_give_the_same_pi0(world, tmp_path):
+    """pi_0's demonstrations in two processes (one workflow each, as the demo builds them) are the
+    episodes one process builds, in the same order: the same weights after SFT, bit for bit."""
+    kw = dict(steps=3, episodes_per_step=3, attempts=2, max_questions=6, progress=False, **TINY)
+    one = build_pi0(world.root, tmp_path / "one", **kw)
+    two = build_pi0(world.root, tmp_path / "two", demo_workers=2, **kw)
+    a, b = read_pi0(one), read_pi0(two)
+    assert a["demonstrations"] == b["demonstrations"] and set(a["demonstrations"]) == {"world/cmas", "world/hmas"}
+    assert a["losses"] == b["losses"]
+    assert (one / "model.safetensors").read_bytes() == (two / "model.safetensors").read_bytes()
+
+
 def test_world_cli(tmp_path, capsys):
     assert main(["world", "build", "--out", str(tmp_path / "w"), "--index", "bm25"]) == 0
     assert "train 1360" in capsys.readouterr().out
