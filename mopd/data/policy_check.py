@@ -98,9 +98,9 @@ def check_policy_side_by_side(model_dir, world_dir, *, workers: int, split: str 
     a time. The records are those of one process at one thread: every request samples from its
     own seeded generator and every query is searched alone, so nothing carries from one workflow
     to the next."""
-    import multiprocessing
     import os
-    from concurrent.futures import ProcessPoolExecutor
+
+    from mopd.core.spawn_map import spawn_map
 
     workers = min(workers, len(workflows), os.cpu_count() or 1)
     if workers <= 1:
@@ -109,10 +109,9 @@ def check_policy_side_by_side(model_dir, world_dir, *, workers: int, split: str 
         deterministic_torch(1)
         return check_policy(model_dir, world_dir, split=split, workflows=workflows, temperature=temperature,
                             seed=seed, attempts=attempts)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {wf: pool.submit(_check_one_workflow, str(model_dir), str(world_dir), split, wf, temperature, seed,
-                                   attempts) for wf in workflows}
-        return {wf: f.result() for wf, f in futures.items()}
+    results = spawn_map(_check_one_workflow, [(str(model_dir), str(world_dir), split, wf, temperature, seed, attempts)
+                                              for wf in workflows], workers)
+    return dict(zip(workflows, results, strict=True))
 
 
 def assess_pi0(result: Dict[str, dict], weak: WeakPi0 = WeakPi0()) -> Dict[str, object]:

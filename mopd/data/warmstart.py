@@ -259,9 +259,7 @@ def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "War
     ``tokenizer_dir``), episodes in the same order. The episodes are those of one process: the
     scripted policy draws from a generator seeded per workflow, and every query is searched alone
     (on seed 0's world, 10,880 episodes, equal to one process at 2 threads; bench/RESULTS.md)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
+    from mopd.core.spawn_map import spawn_map
     from mopd.data.tinyworld import WorldPaths, load_split
 
     workers = min(workers, len(s.workflows), os.cpu_count() or 1)
@@ -270,13 +268,10 @@ def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "War
         return make_demonstrations(world_dir, tokenizer, retriever, workflows=s.workflows, attempts=s.attempts,
                                    seed=s.seed, style=style, questions=questions)
     out = Demonstrations()
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = [pool.submit(_demonstrations_in_worker, str(world_dir), str(tokenizer_dir), wf, s.attempts, s.seed,
-                             style, s.max_questions) for wf in s.workflows]
-        for f in parts:
-            part = f.result()
-            out.episodes.extend(part.episodes)
-            out.stats.update(part.stats)
+    for part in spawn_map(_demonstrations_in_worker, [(str(world_dir), str(tokenizer_dir), wf, s.attempts, s.seed,
+                                                       style, s.max_questions) for wf in s.workflows], workers):
+        out.episodes.extend(part.episodes)
+        out.stats.update(part.stats)
     return out
 
 

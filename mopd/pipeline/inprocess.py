@@ -185,13 +185,9 @@ def evaluate_all(stages: List[EvalStage], questions, workers: int, retriever, re
         for s in stages:
             evaluate(s, questions, retriever, lockstep, log)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from mopd.core.spawn_map import spawn_map
 
     # H-MAS evaluations take about twice as long as C-MAS ones: submitted first, the two workers
     # finish together (longest job first)
     ordered = sorted(stages, key=lambda s: s.system.workflow != "hmas")
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_evaluate_in_worker, s, questions, retriever_cfg, lockstep, log_name) for s in ordered]
-        for f in futures:
-            f.result()   # re-raises a worker's error here
+    spawn_map(_evaluate_in_worker, [(s, questions, retriever_cfg, lockstep, log_name) for s in ordered], workers)
