@@ -9,13 +9,16 @@ server behaved before), to show what the scheduling buys. Target (issue 17): p99
 request below 2x the p99 without it.
 
 Run: .venv/bin/pytest -q bench/bench_retriever_latency.py --benchmark-only -s
-(or .venv/bin/python bench/bench_retriever_latency.py). Index: the bundled corpus's MiniLM flat
+(or .venv/bin/python bench/bench_retriever_latency.py; MOPD_BENCH_WINDOW_S sets the window,
+MOPD_BENCH_RETURN_WAIT_MS the server's --return-wait-ms). The heap is frozen after loading, as
+`mopd retriever serve` does (mopd.retriever.server.freeze_heap). Index: the bundled corpus's MiniLM flat
 index (2,400 passages). The numbers go by hand into bench/RESULTS.md, "Retriever latency under load".
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import threading
@@ -25,7 +28,7 @@ import urllib.request
 import numpy as np
 
 from mopd.retriever import bundled_corpus_path, bundled_index, open_retriever
-from mopd.retriever.server import BATCHER, ServerLimits, ServerThread
+from mopd.retriever.server import BATCHER, ServerLimits, ServerThread, freeze_heap
 
 CLIENTS = 32
 WINDOW_S = float(os.environ.get("MOPD_BENCH_WINDOW_S", "20"))
@@ -116,14 +119,19 @@ def _phase(retriever, questions, large: bytes | None, seconds: float, **server_k
 def run(seconds: float = WINDOW_S) -> dict:
     retriever = open_retriever(bundled_index("flat", progress=True))
     questions = _questions()
+    freeze_heap()                  # as `mopd retriever serve` does after loading
     limits = ServerLimits()
+    wait = os.environ.get("MOPD_BENCH_RETURN_WAIT_MS")    # the server's --return-wait-ms (default 50)
+    kw = {"return_wait_ms": float(wait)} if wait else {}
     results = {"alone": _phase(retriever, questions, None, seconds)}
-    results["large_search_length"] = _phase(retriever, questions, _largest_request(questions, limits, False), seconds)
-    results["large_max_length"] = _phase(retriever, questions, _largest_request(questions, limits, True), seconds)
+    results["large_search_length"] = _phase(retriever, questions, _largest_request(questions, limits, False), seconds, **kw)
+    results["large_max_length"] = _phase(retriever, questions, _largest_request(questions, limits, True), seconds,
+                                         **kw)
     # Before the scheduling: a request was one batch however large (left running at the end).
     results["large_search_length_unsliced"] = _phase(retriever, questions, _largest_request(questions, limits, False),
                                                      seconds, slice_work=10 ** 9, max_batch_work=10 ** 9,
                                                      max_whole_work=10 ** 9)
+    gc.unfreeze()                  # frozen objects would be reported as leaked at exit
     base = results["alone"]["p99_ms"]
     for name, r in results.items():
         r["p99_ratio"] = r["p99_ms"] / base

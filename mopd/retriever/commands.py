@@ -74,6 +74,9 @@ def register(sub) -> None:
                         "of at most this much work (queries x "
                         "longest query's characters), so a large request shares the worker with small ones "
                         "instead of holding them; larger: faster large requests, slower small ones")
+    s.add_argument("--return-wait-ms", type=float, default=50.0,
+                   help="fairness: after a batch that answered small requests, a slice of a big one waits up to "
+                        "this long for their clients' next requests, so it runs with them rather than ahead of them")
     s.add_argument("--max-batch-work", type=int, default=4096,
                    help="most work (queries x longest query's characters) in one encoder + index call")
     s.add_argument("--no-batching", action="store_true", help="one encoder + index call per request")
@@ -202,6 +205,9 @@ def _serve(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
+    for flag, value in (("--max-wait-ms", args.max_wait_ms), ("--return-wait-ms", args.return_wait_ms)):
+        if not value >= 0:                    # NaN too
+            raise UserError(f"{flag} {value}: a wait is 0 ms or more")
     try:
         limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
                               max_results=args.max_results, max_query_chars=args.max_query_chars,
@@ -218,7 +224,7 @@ def _serve(args) -> int:
     try:
         serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,
               max_batch_queries=args.max_batch, batching=not args.no_batching, slice_work=args.slice_work,
-              max_batch_work=max(args.max_batch_work, args.slice_work))
+              max_batch_work=max(args.max_batch_work, args.slice_work), return_wait_ms=args.return_wait_ms)
     except OSError as e:                      # taken between the check and the bind
         raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0

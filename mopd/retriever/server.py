@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import logging
 import socket
@@ -149,14 +150,15 @@ def _answer(retriever, ids, scores, with_scores: bool) -> bytes:
 
 def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float = 2.0,
              max_batch_queries: int = 512, batching: bool = True, slice_work: int = 1024,
-             max_batch_work: int = 4096, max_whole_work: int | None = None):
+             max_batch_work: int = 4096, max_whole_work: int | None = None, return_wait_ms: float = 50.0):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
     limits = limits or ServerLimits()
     # A few queries encode faster on one torch thread (mopd.retriever.threads): the batcher's worker
     # is this process's only torch user.
     search = ThreadsBySize(retriever.search_rows)
     batcher = MicroBatcher(search, max_wait_ms / 1000.0, max_batch_queries, enabled=batching,
-                           slice_work=slice_work, max_batch_work=max_batch_work, max_whole_work=max_whole_work)
+                           slice_work=slice_work, max_batch_work=max_batch_work, max_whole_work=max_whole_work,
+                           return_wait_s=return_wait_ms / 1000.0)
 
     async def retrieve(request: web.Request):
         try:
@@ -230,16 +232,37 @@ def check_port(host: str, port: int) -> None:
                             "choose another --port)") from None
 
 
+def freeze_heap() -> int:
+    """Exempt everything alive now (the loaded encoder, index, corpus offsets, the imported
+    libraries: about 400k objects) from Python's cyclic garbage collector; returns how many.
+
+    A full collection scans every tracked object. In a server holding torch and transformers that
+    took 243 ms on the 2-core box, once every few seconds under load (the large answers' objects
+    trigger it), and every request in flight waited for it: it was the small clients' p99 next to a
+    large request (bench/RESULTS.md, issue 36). Frozen objects are never collected, which costs
+    nothing here: what the server loaded lives as long as it does. Call it once, after loading."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def serve(retriever, host: str = "127.0.0.1", port: int = 8000, **kwargs) -> None:
     """Serve until interrupted (the CLI's `mopd retriever serve`)."""
     app = make_app(retriever, **kwargs)
-    web.run_app(app, host=host, port=port, print=lambda msg: print(
-        f"serving {retriever.meta.describe()} on http://{host}:{port} (POST /retrieve, GET /health)",
-        flush=True), access_log=None)
+    freeze_heap()
+    try:
+        web.run_app(app, host=host, port=port, print=lambda msg: print(
+            f"serving {retriever.meta.describe()} on http://{host}:{port} (POST /retrieve, GET /health)",
+            flush=True), access_log=None)
+    finally:
+        # Frozen objects are skipped at exit too: extension modules then report them as leaked.
+        gc.unfreeze()
 
 
 class ServerThread:
     """The server on a background thread with its own event loop (tests, benchmarks, notebooks).
+    Unlike :func:`serve`, it leaves the garbage collector alone (the process is someone else's):
+    a benchmark that stands for ``mopd retriever serve`` calls :func:`freeze_heap` itself.
 
     ``with ServerThread(retriever) as srv: HttpRetriever(srv.url).search(...)``; port 0 = any free port."""
 

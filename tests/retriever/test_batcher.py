@@ -217,3 +217,74 @@ def test_by_default_a_big_request_alone_runs_in_pieces_of_one_batch():
     assert search.calls == [_queries(100 + 10 * i, 10) for i in range(4)]
     assert stats.fair_batches == 0 and stats.sliced_requests == 1
     _check([out], [_queries(100, 40)])
+
+
+def test_after_a_batch_with_small_requests_a_big_slice_waits_for_their_clients():
+    """The small client answered in batch 2 sends its next request a while later: batch 3 is the big
+    request's next slice WITH it (the return wait), not a slice alone that it would queue behind.
+    max_wait_s is 0, so only the return wait can hold batch 3; it is 30 s, so only the arrival ends it."""
+    search = GatedSearch(hold=[0])
+
+    async def main(return_wait_s):
+        search.calls.clear()
+        search.gates = {0: threading.Event()}
+        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19,
+                         return_wait_s=return_wait_s)
+        await b.start()
+        hold = asyncio.ensure_future(b.submit(["1"], 1))
+        await search.started(1)
+        big = asyncio.ensure_future(b.submit(_queries(100, 12), 1))
+        small = asyncio.ensure_future(b.submit(["2"], 1))
+        await asyncio.sleep(0)
+        search.release(0)
+        await small
+        if return_wait_s == 0:
+            await search.started(3)                 # without the wait: the big slice has gone alone
+        else:
+            await asyncio.sleep(0.05)               # the client's round trip
+        again = await b.submit(["3"], 1)
+        out = await big
+        await asyncio.gather(hold)
+        await b.stop()
+        return out, again
+
+    out, again = asyncio.run(main(30.0))
+    assert search.calls == [["1"], _queries(100, 5) + ["2"], _queries(105, 5) + ["3"], _queries(110, 2)]
+    _check([out, again], [_queries(100, 12), ["3"]])
+    asyncio.run(main(0.0))
+    assert search.calls[:3] == [["1"], _queries(100, 5) + ["2"], _queries(105, 5)]
+
+
+def test_the_return_wait_is_bounded_and_never_holds_a_big_request_alone():
+    """Nobody comes back: the big request's next slice waits out the return wait once, then runs;
+    a big request that was alone in the last batch does not wait at all."""
+    search = GatedSearch(hold=[0])
+
+    async def main():
+        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19, return_wait_s=0.02)
+        await b.start()
+        hold = asyncio.ensure_future(b.submit(["1"], 1))
+        await search.started(1)
+        big = asyncio.ensure_future(b.submit(_queries(100, 30), 1))
+        small = asyncio.ensure_future(b.submit(["2"], 1))
+        await asyncio.sleep(0)
+        search.release(0)
+        out = await asyncio.gather(big, small, hold)
+        waits = b.stats.waits
+        alone = await b.submit(_queries(200, 30), 1)
+        await b.stop()
+        return out, alone, waits, b.stats
+
+    out, alone, waits, stats = asyncio.run(main())
+    # batch 3 waited (for nobody), then the rest went in whole pieces (max_whole_work): nobody small around
+    assert search.calls == [["1"], _queries(100, 5) + ["2"], _queries(105, 5), _queries(110, 10), _queries(120, 10),
+                            _queries(200, 10), _queries(210, 10), _queries(220, 10)]
+    assert waits == 1 and stats.waits == 1
+    _check(out + [alone], [_queries(100, 30), ["2"], ["1"], _queries(200, 30)])
+
+
+def test_a_negative_return_wait_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="return_wait_s"):
+        MicroBatcher(GatedSearch(), return_wait_s=-0.001)

@@ -264,6 +264,34 @@ def test_port_in_use_is_found_before_the_index_loads(tmp_path, capsys):
     check_port("127.0.0.1", port)   # free again
 
 
+def test_a_negative_wait_is_refused_before_the_index_loads(tmp_path, capsys):
+    from mopd.cli import main
+
+    assert main(["retriever", "serve", "--index", str(tmp_path / "none"), "--return-wait-ms", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--return-wait-ms -1.0" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_serve_freezes_what_it_loaded_and_unfreezes_on_the_way_out(flat_retriever, monkeypatch):
+    """The server's heap is frozen while it serves (no full collections scanning the loaded model
+    between requests) and thawed when it stops, whether it stopped cleanly or not."""
+    import gc
+
+    from mopd.retriever import server as server_mod
+
+    seen = []
+
+    def run_app(app, **kwargs):
+        seen.append(gc.get_freeze_count())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_mod.web, "run_app", run_app)
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(KeyboardInterrupt):
+        server_mod.serve(flat_retriever, port=0)
+    assert seen[0] > 1000 and gc.get_freeze_count() == 0
+
+
 def test_limits_are_checked():
     with pytest.raises(ValueError, match="max_results"):
         ServerLimits(max_results=0)
