@@ -123,15 +123,17 @@ def run(seconds: float = WINDOW_S) -> dict:
     limits = ServerLimits()
     wait = os.environ.get("MOPD_BENCH_RETURN_WAIT_MS")    # the server's --return-wait-ms (default 50)
     kw = {"return_wait_ms": float(wait)} if wait else {}
-    results = {"alone": _phase(retriever, questions, None, seconds)}
-    results["large_search_length"] = _phase(retriever, questions, _largest_request(questions, limits, False), seconds, **kw)
-    results["large_max_length"] = _phase(retriever, questions, _largest_request(questions, limits, True), seconds,
-                                         **kw)
-    # Before the scheduling: a request was one batch however large (left running at the end).
-    results["large_search_length_unsliced"] = _phase(retriever, questions, _largest_request(questions, limits, False),
-                                                     seconds, slice_work=10 ** 9, max_batch_work=10 ** 9,
-                                                     max_whole_work=10 ** 9)
-    gc.unfreeze()                  # frozen objects would be reported as leaked at exit
+    search_length, max_length = (_largest_request(questions, limits, long) for long in (False, True))
+    try:
+        results = {"alone": _phase(retriever, questions, None, seconds)}
+        results["large_search_length"] = _phase(retriever, questions, search_length, seconds, **kw)
+        results["large_max_length"] = _phase(retriever, questions, max_length, seconds, **kw)
+        # Before the scheduling: a request was one batch however large (left running at the end).
+        results["large_search_length_unsliced"] = _phase(retriever, questions, search_length, seconds,
+                                                         slice_work=10 ** 9, max_batch_work=10 ** 9,
+                                                         max_whole_work=10 ** 9)
+    finally:
+        gc.unfreeze()              # frozen objects would be reported as leaked at exit
     base = results["alone"]["p99_ms"]
     for name, r in results.items():
         r["p99_ratio"] = r["p99_ms"] / base

@@ -175,7 +175,7 @@ class MicroBatcher:
             await self._wakeup.wait()
         loop = asyncio.get_running_loop()
         deadline = self._waiting[0].arrived + self.max_wait_s
-        if self._last_had_small and any(not p.small for p in self._waiting):
+        if self._last_had_small and self._big_waiting():
             deadline = max(deadline, self._last_end + self.return_wait_s)
         waited = False
         while (len(self._waiting) < self._last_requests
@@ -192,18 +192,24 @@ class MicroBatcher:
         self.stats.waits += waited
 
     def _queued_queries(self) -> int:
-        """Queries the next batch would hold if it formed now: a big request counts its next slice
-        while a small one waits beside it (fair mode), else everything it has left."""
-        if not self.fair_mode():
-            return sum(p.left for p in self._waiting)
-        return sum(p.next_slice(self.slice_work)[0] - p.done for p in self._waiting)
+        """Queries the next batch would hold if it formed now: in fair mode a big request counts
+        its next slice, else (and a small request always) everything it has left. Runs at every
+        arrival while the batch gathers, so small requests cost an attribute read."""
+        fair = self.fair_mode()
+        return sum(p.next_slice(self.slice_work)[0] - p.done if fair and not p.small else p.left
+                   for p in self._waiting)
 
     def _is_big(self, p: _Pending) -> bool:
         return p.next_slice(self.slice_work)[0] < len(p.queries)
 
+    def _big_waiting(self) -> bool:
+        """A waiting request has more than one slice left. (A request small on arrival stays small,
+        being served whole, so only the others are measured; a big one's last slice is small.)"""
+        return any(not p.small and self._is_big(p) for p in self._waiting)
+
     def fair_mode(self) -> bool:
         """Slice by slice when a big request waits and a small one waits too (or was just served)."""
-        return (any(self._is_big(p) for p in self._waiting)
+        return (self._big_waiting()
                 and (self._last_had_small or any(p.small for p in self._waiting)))
 
     def _take(self) -> list[tuple[_Pending, int, int]]:

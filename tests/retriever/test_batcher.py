@@ -219,24 +219,30 @@ def test_by_default_a_big_request_alone_runs_in_pieces_of_one_batch():
     _check([out], [_queries(100, 40)])
 
 
+async def _big_and_small_behind_a_held_batch(b, search, big):
+    """A one-query batch holds the worker while ``big`` and then the small request "2" queue; then
+    the worker goes on. Returns the futures of (the held request, big, small)."""
+    held = asyncio.ensure_future(b.submit(["1"], 1))
+    await search.started(1)
+    futures = asyncio.ensure_future(b.submit(big, 1)), asyncio.ensure_future(b.submit(["2"], 1))
+    await asyncio.sleep(0)
+    search.release(0)
+    return (held, *futures)
+
+
 def test_after_a_batch_with_small_requests_a_big_slice_waits_for_their_clients():
     """The small client answered in batch 2 sends its next request a while later: batch 3 is the big
     request's next slice WITH it (the return wait), not a slice alone that it would queue behind.
-    max_wait_s is 0, so only the return wait can hold batch 3; it is 30 s, so only the arrival ends it."""
-    search = GatedSearch(hold=[0])
+    max_wait_s is 0, so only the return wait can hold batch 3; it is 30 s, so only the arrival ends
+    it. The big request's 7 queries left fill max_batch_queries: the wait must count its next slice
+    (5), not all it has left, or it would never wait next to a request larger than a batch."""
 
     async def main(return_wait_s):
-        search.calls.clear()
-        search.gates = {0: threading.Event()}
-        b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19,
+        search = GatedSearch(hold=[0])
+        b = MicroBatcher(search, max_wait_s=0.0, max_batch_queries=7, slice_work=5 * 19, max_batch_work=10 * 19,
                          return_wait_s=return_wait_s)
         await b.start()
-        hold = asyncio.ensure_future(b.submit(["1"], 1))
-        await search.started(1)
-        big = asyncio.ensure_future(b.submit(_queries(100, 12), 1))
-        small = asyncio.ensure_future(b.submit(["2"], 1))
-        await asyncio.sleep(0)
-        search.release(0)
+        held, big, small = await _big_and_small_behind_a_held_batch(b, search, _queries(100, 12))
         await small
         if return_wait_s == 0:
             await search.started(3)                 # without the wait: the big slice has gone alone
@@ -244,15 +250,17 @@ def test_after_a_batch_with_small_requests_a_big_slice_waits_for_their_clients()
             await asyncio.sleep(0.05)               # the client's round trip
         again = await b.submit(["3"], 1)
         out = await big
-        await asyncio.gather(hold)
+        await held
         await b.stop()
-        return out, again
+        return search.calls, out, again, b.stats
 
-    out, again = asyncio.run(main(30.0))
-    assert search.calls == [["1"], _queries(100, 5) + ["2"], _queries(105, 5) + ["3"], _queries(110, 2)]
+    calls, out, again, stats = asyncio.run(main(30.0))
+    assert calls == [["1"], _queries(100, 5) + ["2"], _queries(105, 5) + ["3"], _queries(110, 2)]
+    # only batch 3 waited: the big request's last 2 queries fit one slice, so batch 4 did not
+    assert stats.waits == 1
     _check([out, again], [_queries(100, 12), ["3"]])
-    asyncio.run(main(0.0))
-    assert search.calls[:3] == [["1"], _queries(100, 5) + ["2"], _queries(105, 5)]
+    calls, _, _, _ = asyncio.run(main(0.0))
+    assert calls[:3] == [["1"], _queries(100, 5) + ["2"], _queries(105, 5)]
 
 
 def test_the_return_wait_is_bounded_and_never_holds_a_big_request_alone():
@@ -263,13 +271,8 @@ def test_the_return_wait_is_bounded_and_never_holds_a_big_request_alone():
     async def main():
         b = MicroBatcher(search, max_wait_s=0.0, slice_work=5 * 19, max_batch_work=10 * 19, return_wait_s=0.02)
         await b.start()
-        hold = asyncio.ensure_future(b.submit(["1"], 1))
-        await search.started(1)
-        big = asyncio.ensure_future(b.submit(_queries(100, 30), 1))
-        small = asyncio.ensure_future(b.submit(["2"], 1))
-        await asyncio.sleep(0)
-        search.release(0)
-        out = await asyncio.gather(big, small, hold)
+        held, big, small = await _big_and_small_behind_a_held_batch(b, search, _queries(100, 30))
+        out = await asyncio.gather(big, small, held)
         waits = b.stats.waits
         alone = await b.submit(_queries(200, 30), 1)
         await b.stop()
