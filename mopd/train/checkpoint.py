@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from mopd.core.atomic import atomic_write_text
 from mopd.train.manifest import FORMAT, verify_checkpoint, write_manifest
+from mopd.train.safe_load import UnsafeCheckpointFile, dcp_load, load_rng_file, read_dcp_metadata
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -57,14 +58,27 @@ def _barrier() -> None:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    """This process's torch, numpy, python (and CUDA) RNG states as tensors, numbers and strings
+    only: what ``torch.load(weights_only=True)`` reads back (:mod:`mopd.train.safe_load`)."""
+    _, key, pos, has_gauss, gauss = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "gauss": float(gauss)},
+            "python": {"version": int(version), "state": torch.tensor(words, dtype=torch.int64),
+                       "gauss_next": gauss_next},
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(s: dict) -> None:
+    """Restore :func:`rng_state` (or the pickled tuples of checkpoints written before it)."""
     torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
+    n = s["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+                        if isinstance(n, dict) else n)
+    p = s["python"]
+    random.setstate((p["version"], tuple(int(w) for w in p["state"].tolist()), p["gauss_next"])
+                    if isinstance(p, dict) else p)
     if s.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
 
@@ -188,9 +202,17 @@ def checkpoint_mismatch(path: Path, model, run_dir: str | os.PathLike | None = N
     Reads only the DCP metadata and trainer_state.json, before any tensor is loaded (DCP would
     raise "Size mismatch" half way through the load)."""
     try:
-        meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        meta = read_dcp_metadata(path).state_dict_metadata
+    except UnsafeCheckpointFile as e:   # a pickle that would run code: never run, the checkpoint is skipped
+        return str(e)
     except Exception as e:  # noqa: BLE001 (a damaged .metadata pickle: not this model's checkpoint)
         return f"unreadable .metadata ({type(e).__name__})"
+    rng_file = path / f"rng_rank{_rank()}.pt"
+    if rng_file.is_file():
+        try:
+            load_rng_file(rng_file)
+        except UnsafeCheckpointFile as e:
+            return str(e)
     saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
     mine = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}
     for name, shape in mine.items():
@@ -244,11 +266,15 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = Tr
         raise CheckpointError(f"{path} is not a complete checkpoint (no trainer_state.json)")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_file = path / f"rng_rank{_rank()}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    try:
+        rng = load_rng_file(rng_file) if rng_file.is_file() else None
+        dcp_load(state, path)
+    except UnsafeCheckpointFile as e:
+        raise CheckpointError(str(e)) from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if rng is not None:
+        set_rng_state(rng)
     return json.loads(state_file.read_text())
 
 
@@ -260,7 +286,10 @@ def load_model_weights(path: str | os.PathLike, model) -> None:
     if reason is not None:
         raise CheckpointError(f"{path} cannot be used: {reason}")
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp_load(state, path)
+    except UnsafeCheckpointFile as e:
+        raise CheckpointError(str(e)) from None
     set_model_state_dict(model, state["model"])
 
 
@@ -481,7 +510,10 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
         log(n)
     log(f"exporting {ckpt}")
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    try:
+        dcp_load(state, ckpt)
+    except UnsafeCheckpointFile as e:
+        raise CheckpointError(str(e)) from None
     model.load_state_dict(state["model"])
     step = _STEP_DIR.match(ckpt.name)
     return export_hf(model, tok, out_dir, marker(run, str(ckpt.resolve()), int(step.group(1)) if step else None))
