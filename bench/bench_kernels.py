@@ -1,4 +1,4 @@
-"""CPU benchmarks of ``mopd.kernels``: the chunked torch path against the naive reference.
+"""CPU benchmarks of ``mopd_kernels``: the chunked torch path against the naive reference.
 
 Target (docs/architecture.md, "Performance targets", CPU): peak memory at most 1/4 of the naive path
 (materialised logits), time at most 1.2x.
@@ -9,7 +9,7 @@ Two operations, each at T=4096, H=512, V=32768 and at a larger T=8192, H=256, V=
 
 pytest-benchmark (``.venv/bin/pytest -q bench/bench_kernels.py --benchmark-only``) times each
 path in its own test, grouped so that its table shows the torch/reference time ratio; peak memory
-(``mopd.kernels.memtrack``, one extra untimed run) goes into ``extra_info``. memtrack is a dispatch
+(``mopd_kernels.memtrack``, one extra untimed run) goes into ``extra_info``. memtrack is a dispatch
 mode, under which the torch path runs its eager row pass (``compiled_rows``): the peaks are the
 eager pass's; the compiled pass holds no more (``--vs-liger`` measures its peak RSS). As a script
 (``.venv/bin/python bench/bench_kernels.py [--rounds N] [--shapes base,large]``) it alternates
@@ -25,8 +25,8 @@ import time
 import pytest
 import torch
 
-from mopd.kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
-from mopd.kernels.memtrack import TensorMemoryTracker
+from mopd_kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
+from mopd_kernels.memtrack import TensorMemoryTracker
 
 SHAPES = {"base": (4096, 512, 32768), "large": (8192, 256, 50257)}
 ROUNDS = {"base": 3, "large": 2}

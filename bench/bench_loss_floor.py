@@ -37,8 +37,8 @@ import time
 
 import torch
 
-from mopd.kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
-from mopd.kernels.chunked import TorchRowPass, chunk_rows_for
+from mopd_kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
+from mopd_kernels.chunked import TorchRowPass, chunk_rows_for
 
 SHAPES = {"base": (4096, 512, 32768), "large": (8192, 256, 50257), "xl": (4096, 1024, 151936)}
 SEQ_LEN = 512

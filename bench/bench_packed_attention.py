@@ -10,7 +10,7 @@ token budget (8,192 for the tiny model, 2,048 for SmolLM2-135M, whose update cos
 backward. Scoring is the pi_old / teacher pass (``PackedCausalLM`` without a loss, no grad).
 Variants alternate round by round in one process; each cell is the median over rounds, and the
 ratios are against the padded batch (``sdpa``). Peak memory is the extra tensor memory of one
-more run under ``mopd.kernels.memtrack.TensorMemoryTracker`` (untimed).
+more run under ``mopd_kernels.memtrack.TensorMemoryTracker`` (untimed).
 
 ``flex`` runs only in scoring: FlexAttention has no CPU backward (its CPU update is
 ``packed_sdpa``'s). Its one compile (about 10 s) happens in an untimed warm-up.
@@ -32,8 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings, RoleSpec  # noqa: E402
-from mopd.kernels.memtrack import TensorMemoryTracker  # noqa: E402
+from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, RoleSpec  # noqa: E402
+from mopd_kernels.memtrack import TensorMemoryTracker  # noqa: E402
 from mopd.train import packed_attention as pa  # noqa: E402
 from mopd.train.model import PackedCausalLM  # noqa: E402
 from mopd.train.packing import build_packed_batch, pack_sequences  # noqa: E402

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from mopd.kernels import (
+from mopd_kernels import (
     FusedLinearPolicyLoss,
     LossInputs,
     PolicyLossSettings,

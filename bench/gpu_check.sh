@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command GPU check (docs/architecture.md, "Performance targets"; §8) on one H200 (stock image: torch 2.11, triton 3.6,
-# transformers 5.17; no vllm, flash-attn, omegaconf): (1) mopd.kernels' compiled Triton kernels
+# transformers 5.17; no vllm, flash-attn, omegaconf): (1) mopd_kernels' compiled Triton kernels
 # against the naive references, then timed against the matmul floor, the chunked torch path and
 # Liger; (2) one trainer step of a small Qwen3 model with the HF engine (bench/gpu_train_step.py);
 # (3) the GPU training path through FSDP2 at world size 1 (bench/gpu_fsdp_step.py: fp32 masters and

@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     from mopd.config import PRESETS  # the preset itself: no omegaconf on the GPU image
     from mopd.core.generation import GenerationRequest, SamplingParams
     from mopd.data.tiny_model import init_tiny_model
-    from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings
+    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings
     from mopd.rollout.hf_engine import HFEngine
     from mopd.train import checkpoint as ckpt
     from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model

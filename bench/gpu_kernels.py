@@ -1,4 +1,4 @@
-"""GPU check of ``mopd.kernels``: compiled Triton kernels against the references, then timings.
+"""GPU check of ``mopd_kernels``: compiled Triton kernels against the references, then timings.
 
 Run it through ``bench/gpu_check.sh`` (one command on one H200, sized for under 8 minutes and
 stopped by a timeout at 470 s):
@@ -15,7 +15,7 @@ stopped by a timeout at 470 s):
    summary (``--out``).
 
 ``--dry-run`` runs the same code on CPU with tiny shapes and the Triton interpreter (timings by
-``time.perf_counter``, memory by ``mopd.kernels.memtrack``), so CI keeps the script from rotting.
+``time.perf_counter``, memory by ``mopd_kernels.memtrack``), so CI keeps the script from rotting.
 The exit code is 1 when a correctness check fails (or, with ``--strict``, a target is missed).
 """
 
@@ -58,7 +58,7 @@ if ARGS.dry_run:
 
 import torch  # noqa: E402
 
-from mopd.kernels import (  # noqa: E402
+from mopd_kernels import (  # noqa: E402
     FusedLinearPolicyLoss,
     LossInputs,
     PolicyLossSettings,
@@ -68,7 +68,7 @@ from mopd.kernels import (  # noqa: E402
     reference_linear_logprobs,
     stats_to_floats,
 )
-from mopd.kernels.memtrack import TensorMemoryTracker  # noqa: E402
+from mopd_kernels.memtrack import TensorMemoryTracker  # noqa: E402
 
 LINES = []
 FAILED = []
@@ -240,7 +240,7 @@ def peak_extra_bytes(fn, device):
 
 
 def sweep_launch_configs(inp, device, timer, summary):
-    from mopd.kernels import triton_kernels as tk
+    from mopd_kernels import triton_kernels as tk
 
     T, V = inp["hidden"].shape[0], inp["weight"].shape[0]
     C = min(T, 2048)

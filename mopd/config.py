@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from mopd.core.roles import ROLE_TABLE, role_names
 from mopd.core.workflows import workflow, workflow_names
-from mopd.kernels.role_spec import RoleSpec
+from mopd_kernels.role_spec import RoleSpec
 
 
 class ConfigError(ValueError):
@@ -255,7 +255,7 @@ ENTROPY_COEF = 1e-3
 
 
 def role_loss(**fields) -> RoleSpec:
-    """A role's loss terms (:class:`mopd.kernels.RoleSpec`, the kernels' own type) with the run
+    """A role's loss terms (:class:`mopd_kernels.RoleSpec`, the kernels' own type) with the run
     config's default entropy bonus, ``ENTROPY_COEF``."""
     return RoleSpec(**{"entropy_coef": ENTROPY_COEF, **fields})
 
@@ -318,7 +318,7 @@ class RewardConfig:
 class AlgoConfig:
     roles: Dict[str, RoleSpec] = field(default_factory=_default_role_losses)
     """Loss terms of each role's tokens, by role name (``algo.roles.searcher.opd_coef=1``;
-    ``algo.searcher.opd_coef=1`` says the same): the kernels' :class:`~mopd.kernels.RoleSpec`.
+    ``algo.searcher.opd_coef=1`` says the same): the kernels' :class:`~mopd_kernels.RoleSpec`.
     Every role of the table starts with ``role_loss()``: GRPO on its outcome reward, entropy bonus
     ``ENTROPY_COEF``."""
     clip_low: float = 0.2
@@ -836,7 +836,7 @@ def resolve(preset_name: Optional[str] = None, overrides: Optional[List[str]] = 
 def _check_role_choices(merged) -> None:
     """The choice fields of each role's RoleSpec, checked where the full key can still be named
     (RoleSpec's own check, when the config is built, knows only its field)."""
-    from mopd.kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES
+    from mopd_kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES
 
     for name, spec in merged.algo.roles.items():
         _choice(f"algo.roles.{name}.advantage", spec.advantage, set(ADVANTAGE_SOURCES))

@@ -8,22 +8,23 @@ import sys
 from pathlib import Path
 
 import mopd
+import mopd_kernels
 
 ROOT = Path(mopd.__file__).parent
+KERNELS = Path(mopd_kernels.__file__).parent
 
 # Each package and what it may import of ours (docs/architecture.md, "Layers").
 ALLOWED = {
     "core": set(),
-    "kernels": set(),
-    "config": {"core", "kernels"},
+    "config": {"core"},
     "retriever": {"config", "core"},
     "rollout": {"config", "core", "retriever"},
-    "algo": {"config", "core", "kernels"},
+    "algo": {"config", "core"},
     "eval": {"config", "core", "retriever", "rollout", "algo"},
     "data": {"config", "core", "retriever", "rollout", "algo", "eval"},
-    "train": {"config", "core", "kernels", "retriever", "rollout", "algo", "eval", "data"},
+    "train": {"config", "core", "retriever", "rollout", "algo", "eval", "data"},
     "demo_report": {"config", "core", "eval"},
-    "pipeline": {"config", "core", "kernels", "retriever", "rollout", "algo", "eval", "data", "train", "demo_report"},
+    "pipeline": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train", "demo_report"},
 }
 TOP = {"cli", "commands", "demo", "demo_tables", "__main__", "__init__"}
 
@@ -72,16 +73,41 @@ def test_the_rule_catches_an_upward_import(tmp_path):
     (fake / "core" / "x.py").write_text("from mopd.train.trainer import PolicyTrainer\n")
     (fake / "core" / "y.py").write_text("from mopd.core.roles import role_names\n")
     (fake / "core" / "z.py").write_text("import os\n\nfrom mopd.config import Config\n")
-    (fake / "config.py").write_text("from mopd.core.roles import role_names\nfrom mopd.kernels.role_spec import RoleSpec\n")
+    (fake / "config.py").write_text("from mopd.core.roles import role_names\nfrom mopd_kernels.role_spec import RoleSpec\n")
     assert upward_imports(fake) == ["mopd/core/x.py:1 (core) imports mopd.train.trainer",
                                     "mopd/core/z.py:3 (core) imports mopd.config"]
 
 
+# Which mopd packages may use the fused loss head (the separate distribution mopd_kernels, kernels/):
+# the config (its torch-free RoleSpec), the pure learning-signal maths, the trainer and the pipeline.
+USES_KERNELS = {"config", "algo", "train", "pipeline"}
+
+
+def kernel_users(root: Path = ROOT):
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        pkg = _package_of(path, root)
+        if pkg in TOP or pkg in USES_KERNELS:
+            continue
+        bad += [f"{path.relative_to(root.parent)}:{line} ({pkg}) imports {mod}"
+                for line, mod in _imports(path) if mod.split(".")[0] == "mopd_kernels"]
+    return bad
+
+
+def test_only_the_loss_side_imports_the_kernels():
+    assert kernel_users() == []
+
+
 def test_kernels_import_only_torch_and_triton():
-    for path in (ROOT / "kernels").rglob("*.py"):
+    """mopd_kernels is reused by other projects with torch alone: it imports nothing of mopd, and its
+    integrations (mopd_kernels.integrations) are the only modules that import a trainer."""
+    trainers = {"trl", "verl", "transformers", "accelerate", "datasets"}
+    for path in KERNELS.rglob("*.py"):
+        integration = "integrations" in path.relative_to(KERNELS).parts
         for _, mod in _imports(path):
             top = mod.split(".")[0]
-            assert top in {"torch", "triton", "mopd", *sys.stdlib_module_names}, f"{path}: imports {mod}"
+            allowed = {"torch", "triton", "mopd_kernels", *sys.stdlib_module_names}
+            assert top in allowed | (trainers if integration else set()), f"{path}: imports {mod}"
 
 
 def _module_name(path: Path, root: Path) -> str:

@@ -37,9 +37,9 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 
-from mopd.kernels.inputs import LossInputs
-from mopd.kernels.settings import PolicyLossSettings
-from mopd.kernels.terms import token_terms
+from mopd_kernels.inputs import LossInputs
+from mopd_kernels.settings import PolicyLossSettings
+from mopd_kernels.terms import token_terms
 
 DEFAULT_BUDGET_MB = {"cuda": 512}
 """A fixed per-chunk working-set budget (MiB) for devices without a shape rule (``CPU_SIZING``);

@@ -36,8 +36,8 @@ import os
 import warnings
 import torch
 
-from mopd.kernels.chunked import TorchRowPass
-from mopd.kernels.terms import token_terms
+from mopd_kernels.chunked import TorchRowPass
+from mopd_kernels.terms import token_terms
 
 COMPILED_MIN_VOCAB = 8192
 """Vocabularies below this keep the eager row pass: there the row pass is a small share of the
@@ -159,7 +159,7 @@ class CompiledRowPass(TorchRowPass):
             return True, _run(name, *args)
         except Exception as exc:  # no C++ compiler, an inductor bug: the eager pass is always right
             _FAILED.append(repr(exc))
-            warnings.warn(f"mopd.kernels: the compiled CPU row pass is unavailable ({type(exc).__name__}: "
+            warnings.warn(f"mopd_kernels: the compiled CPU row pass is unavailable ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the eager one",
                           RuntimeWarning, stacklevel=3)
             return False, None

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 
 def _custom_op_impl(func):
-    from mopd.kernels.ops import CUSTOM_OP_IMPLS
+    from mopd_kernels.ops import CUSTOM_OP_IMPLS
 
     return CUSTOM_OP_IMPLS.get(getattr(func, "_schema", None) and func._schema.name)
 

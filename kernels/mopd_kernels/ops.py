@@ -23,11 +23,11 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from mopd.kernels import chunked, reference
-from mopd.kernels.inputs import LossInputs
-from mopd.kernels.roles import check_backend, check_linear_inputs, check_loss_inputs, check_temperature
-from mopd.kernels.settings import PolicyLossSettings
-from mopd.kernels.terms import role_stats, token_terms
+from mopd_kernels import chunked, reference
+from mopd_kernels.inputs import LossInputs
+from mopd_kernels.roles import check_backend, check_linear_inputs, check_loss_inputs, check_temperature
+from mopd_kernels.settings import PolicyLossSettings
+from mopd_kernels.terms import role_stats, token_terms
 
 Stats = Dict[int, Dict[str, torch.Tensor]]
 
@@ -65,11 +65,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 def row_pass_for(backend: str):
     if backend == "triton":
-        from mopd.kernels.triton_kernels import TritonRowPass
+        from mopd_kernels.triton_kernels import TritonRowPass
 
         return TritonRowPass()
     if backend == "torch":
-        from mopd.kernels.compiled_rows import CompiledRowPass
+        from mopd_kernels.compiled_rows import CompiledRowPass
 
         return CompiledRowPass()
     raise ValueError(f"backend={backend!r} has no row pass")
@@ -224,7 +224,7 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
     ``hidden`` [T, H] and ``weight`` [V, H] (same dtype), ``targets`` [T]; ``inputs`` the per-token
     roles, pi_old / teacher / reference log-probs and advantages; ``settings`` the hyperparameters.
     ``loss = sum_{t: roles[t] >= 0} loss_t / normalizer`` with the per-token loss of
-    ``mopd.kernels.terms`` (advantage by role, clipped surrogate, entropy bonus, KL to ``ref_logp``).
+    ``mopd_kernels.terms`` (advantage by role, clipped surrogate, entropy bonus, KL to ``ref_logp``).
     ``normalizer`` defaults to the number of trained tokens (role >= 0); pass the global count when
     a mini-batch is split over ranks or accumulation steps. Gradients flow to ``hidden`` and
     ``weight`` only. ``stats[r]`` holds 0-d fp32 tensors (no host sync) for every role ``r``:

@@ -17,8 +17,8 @@ from typing import Dict, Tuple
 
 import torch
 
-from mopd.kernels.inputs import LossInputs
-from mopd.kernels.settings import PolicyLossSettings
+from mopd_kernels.inputs import LossInputs
+from mopd_kernels.settings import PolicyLossSettings
 
 
 def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -51,7 +51,7 @@ def _kl(kl_type: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings,
                           normalizer=None) -> Tuple[torch.Tensor, Dict[int, Dict[str, torch.Tensor]]]:
-    """The role-aware PPO/OPD loss by plain autograd (see ``mopd.kernels.terms`` for the maths).
+    """The role-aware PPO/OPD loss by plain autograd (see ``mopd_kernels.terms`` for the maths).
 
     Same arguments as ``fused_linear_policy_loss`` (``settings.backend`` and ``chunk_rows`` are not
     used), without its argument checks.

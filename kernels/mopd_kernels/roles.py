@@ -16,7 +16,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from mopd.kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES, RoleSpec  # noqa: F401 (re-exported)
+from mopd_kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES, RoleSpec  # noqa: F401 (re-exported)
 
 # Columns of the role table (kept in sync with the Triton kernel, which reads them by index).
 COL_IS_OPD, COL_OPD_COEF, COL_PG_COEF, COL_ENT_COEF, COL_KL_COEF, COL_KL_TYPE = range(6)

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mopd.kernels import roles
-from mopd.kernels.roles import RoleSpec, check_backend, check_clip, check_role_specs, check_temperature
+from mopd_kernels import roles
+from mopd_kernels.roles import RoleSpec, check_backend, check_clip, check_role_specs, check_temperature
 
 
 @dataclass(frozen=True)
 class PolicyLossSettings:
-    """Hyperparameters of the role-aware PPO/OPD loss (see ``mopd.kernels.terms`` for the maths)."""
+    """Hyperparameters of the role-aware PPO/OPD loss (see ``mopd_kernels.terms`` for the maths)."""
 
     role_specs: tuple[RoleSpec, ...]
     """One spec per role id: ``roles[t] = r >= 0`` trains token t as ``role_specs[r]`` (a list is

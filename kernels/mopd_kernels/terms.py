@@ -27,9 +27,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from mopd.kernels.inputs import LossInputs
-from mopd.kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
-from mopd.kernels.settings import PolicyLossSettings
+from mopd_kernels.inputs import LossInputs
+from mopd_kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
+from mopd_kernels.settings import PolicyLossSettings
 
 STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "approx_kl", "entropy_mean", "opd_log_ratio",
               "pg_loss", "kl")

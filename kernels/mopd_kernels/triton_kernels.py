@@ -15,7 +15,7 @@ the only ``[C, V]`` memory.
 - ``_logprobs_fwd_kernel`` / ``_logprobs_bwd_kernel``: the scoring pass, and the gradient pass of
   ``linear_logprobs`` from saved ``lse`` and ``H`` and the upstream gradients.
 
-This module imports triton at import time; ``mopd.kernels`` imports it only when the Triton
+This module imports triton at import time; ``mopd_kernels`` imports it only when the Triton
 backend is chosen, so the package works where triton is absent.
 """
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 
-from mopd.kernels import (
+from mopd_kernels import (
     LossInputs,
     PolicyLossSettings,
     RoleSpec,

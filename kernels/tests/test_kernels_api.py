@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mopd.kernels import (
+from mopd_kernels import (
     LossInputs,
     PolicyLossSettings,
     RoleSpec,
@@ -12,8 +12,8 @@ from mopd.kernels import (
     resolve_backend,
     stats_to_floats,
 )
-from mopd.kernels.terms import STAT_NAMES, token_terms
-from tests.helpers.kernel_cases import make_batch
+from mopd_kernels.terms import STAT_NAMES, token_terms
+from kernel_cases import make_batch
 
 SPECS = [RoleSpec("outcome"), RoleSpec("opd", kl_coef=0.1)]
 
@@ -100,7 +100,7 @@ def test_backend_resolution(monkeypatch):
     assert resolve_backend("auto", cpu) == "torch"
     assert resolve_backend("reference", cpu) == "reference"
     # (the env var itself must not change: triton reads it when it is first imported)
-    monkeypatch.setattr("mopd.kernels.ops.interpreter_enabled", lambda: False)
+    monkeypatch.setattr("mopd_kernels.ops.interpreter_enabled", lambda: False)
     with pytest.raises(ValueError, match="CUDA"):
         resolve_backend("triton", cpu)
 
@@ -171,7 +171,7 @@ def test_linear_logprobs_compiles_without_graph_break():
 
 
 def test_package_works_without_triton():
-    """mopd.kernels imports and its torch backend runs where triton cannot be imported."""
+    """mopd_kernels imports and its torch backend runs where triton cannot be imported."""
     import subprocess
     import sys
     from pathlib import Path
@@ -180,8 +180,8 @@ def test_package_works_without_triton():
 import sys
 sys.modules["triton"] = None  # any 'import triton' now raises ImportError
 import torch
-from mopd.kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
-from mopd.kernels import resolve_backend
+from mopd_kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
+from mopd_kernels import resolve_backend
 h = torch.randn(6, 4, requires_grad=True); w = torch.randn(9, 4); t = torch.randint(0, 9, (6,))
 logp, ent = linear_logprobs(h, w, t)
 loss_fn = FusedLinearPolicyLoss(PolicyLossSettings([RoleSpec()]))

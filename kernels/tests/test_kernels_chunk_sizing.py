@@ -4,11 +4,11 @@ default chunking computes what the reference computes."""
 import pytest
 import torch
 
-from mopd.kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss
-from mopd.kernels import chunked
-from mopd.kernels.chunked import CPU_FLOOR_MB, CPU_MIN_ROWS, chunk_rows_for
-from mopd.kernels.memtrack import TensorMemoryTracker
-from tests.helpers.kernel_cases import assert_close_grads, make_batch, run_loss
+from mopd_kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss
+from mopd_kernels import chunked
+from mopd_kernels.chunked import CPU_FLOOR_MB, CPU_MIN_ROWS, chunk_rows_for
+from mopd_kernels.memtrack import TensorMemoryTracker
+from kernel_cases import assert_close_grads, make_batch, run_loss
 
 CPU = torch.device("cpu")
 

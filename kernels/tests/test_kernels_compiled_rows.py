@@ -1,4 +1,4 @@
-"""The compiled CPU row pass (mopd.kernels.compiled_rows) against the naive reference, the eager
+"""The compiled CPU row pass (mopd_kernels.compiled_rows) against the naive reference, the eager
 pass it replaces, and its fallbacks.
 
 Most tests lower ``COMPILED_MIN_VOCAB`` so that small odd shapes take the compiled path; they all
@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from mopd.kernels import (
+from mopd_kernels import (
     RoleSpec,
     chunked,
     compiled_rows,
@@ -20,7 +20,7 @@ from mopd.kernels import (
     linear_logprobs,
     reference_linear_logprobs,
 )
-from tests.helpers.kernel_cases import assert_close_grads, assert_close_stats, make_batch, run_loss
+from kernel_cases import assert_close_grads, assert_close_stats, make_batch, run_loss
 
 V = 1100  # one vocabulary for the file: one compilation per kernel and dtype
 SPECS = [
@@ -161,7 +161,7 @@ def test_small_vocabularies_keep_the_eager_bits():
     eager = chunked.TorchRowPass
     got = run_loss(batch, "torch", **settings)
     with pytest.MonkeyPatch.context() as mp:
-        from mopd.kernels import ops
+        from mopd_kernels import ops
 
         mp.setattr(ops, "row_pass_for", lambda backend: eager())
         want = run_loss(batch, "torch", **settings)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mopd.kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss, linear_logprobs
-from tests.helpers.kernel_cases import BACKENDS, assert_close_grads, make_batch, rel_err
+from mopd_kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss, linear_logprobs
+from kernel_cases import BACKENDS, assert_close_grads, make_batch, rel_err
 
 # (T, H, V, temperature): T=1, V > the interpreter's BLOCK_V (two online blocks), V < H
 SHAPES = [(1, 8, 5, 1.0), (37, 16, 1500, 0.6), (23, 40, 33, 1.3), (48, 12, 257, 1.0)]

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mopd.kernels import RoleSpec
-from tests.helpers.kernel_cases import (
+from mopd_kernels import RoleSpec
+from kernel_cases import (
     BACKENDS,
     assert_close_grads,
     assert_close_stats,
@@ -137,7 +137,7 @@ def test_upstream_gradient_scales_the_stored_gradients(backend):
     base = run_loss(batch, backend)
     h = batch.hidden.clone().requires_grad_(True)
     w = batch.weight.clone().requires_grad_(True)
-    from mopd.kernels import fused_linear_policy_loss
+    from mopd_kernels import fused_linear_policy_loss
 
     loss, _ = fused_linear_policy_loss(h, w, batch.targets, batch.inputs(), batch.settings(backend))
     (-2.5 * loss).backward()
@@ -148,7 +148,7 @@ def test_upstream_gradient_scales_the_stored_gradients(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_frozen_weight_and_no_grad(backend):
     """Only the gradients that are needed are made; under no_grad the loss and stats still come out."""
-    from mopd.kernels import fused_linear_policy_loss
+    from mopd_kernels import fused_linear_policy_loss
 
     batch = make_batch(19, 8, 140, MIXED)
     full = run_loss(batch, backend)
@@ -166,7 +166,7 @@ def test_frozen_weight_and_no_grad(backend):
 
 def test_reference_matches_hand_computed_tokens():
     """The ground truth itself, against the formulas evaluated by hand for three tokens."""
-    from mopd.kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
+    from mopd_kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
 
     torch.manual_seed(3)
     hidden = torch.randn(3, 4, dtype=torch.float64)
@@ -247,7 +247,7 @@ def test_fp16_inputs(backend):
 
 def test_second_backward_through_the_same_loss_is_refused():
     batch = make_batch(9, 8, 40, MIXED)
-    from mopd.kernels import fused_linear_policy_loss
+    from mopd_kernels import fused_linear_policy_loss
 
     h = batch.hidden.clone().requires_grad_(True)
     loss, _ = fused_linear_policy_loss(h, batch.weight, batch.targets, batch.inputs(),

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mopd.kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss, linear_logprobs
-from mopd.kernels.memtrack import TensorMemoryTracker
+from mopd_kernels import LossInputs, PolicyLossSettings, RoleSpec, fused_linear_policy_loss, linear_logprobs
+from mopd_kernels.memtrack import TensorMemoryTracker
 
 
 def test_tracker_sees_the_naive_logits():

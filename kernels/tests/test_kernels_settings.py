@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import mopd.kernels
-from mopd.kernels import (
+import mopd_kernels
+from mopd_kernels import (
     FusedLinearPolicyLoss,
     LossInputs,
     PolicyLossSettings,
@@ -17,7 +17,7 @@ from mopd.kernels import (
     fused_linear_policy_loss,
     stats_to_floats,
 )
-from tests.helpers.kernel_cases import make_batch
+from kernel_cases import make_batch
 
 SPECS = [RoleSpec("outcome", entropy_coef=0.01, name="leader"), RoleSpec("opd", kl_coef=0.1)]
 
@@ -132,7 +132,7 @@ def _is_triton_jit(node):
 
 
 def test_no_python_function_takes_more_than_8_parameters():
-    root = Path(mopd.kernels.__file__).parent
+    root = Path(mopd_kernels.__file__).parent
     over = []
     for path in sorted(root.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -150,7 +150,7 @@ def test_readme_usage_example_runs():
     """The README's trainer example, run on tiny tensors (so the documented API cannot rot)."""
     import re
 
-    text = (Path(mopd.kernels.__file__).parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text.split("## Use it in a trainer", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     g = torch.Generator().manual_seed(0)

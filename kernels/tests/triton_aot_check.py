@@ -19,7 +19,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mopd.kernels import triton_kernels as tk  # noqa: E402
+from mopd_kernels import triton_kernels as tk  # noqa: E402
 
 FLOATS = {"inv_t", "clip_low", "clip_high", "dual_clip"}
 POINTERS = {"targets_ptr": "*i64", "role_ptr": "*i32"}

@@ -35,10 +35,17 @@ LIBRARY_MODULES = (
 
 
 def mopd_modules() -> list:
-    """Every module of the mopd package but ``mopd.__main__`` (importing it runs the command line)."""
+    """Every module of the mopd package but ``mopd.__main__`` (importing it runs the command line),
+    and of the fused loss head ``mopd_kernels`` (its own distribution; its integrations import TRL or
+    verl, so they are left to ``warm``'s missing list where those are not installed)."""
+    import importlib.util
+
     import mopd
 
-    return ["mopd"] + [m.name for m in pkgutil.walk_packages(mopd.__path__, "mopd.") if not m.name.endswith("__main__")]
+    names = ["mopd"] + [m.name for m in pkgutil.walk_packages(mopd.__path__, "mopd.")
+                        if not m.name.endswith("__main__")]
+    kernels = importlib.util.find_spec("mopd_kernels").submodule_search_locations
+    return names + ["mopd_kernels"] + [m.name for m in pkgutil.walk_packages(kernels, "mopd_kernels.")]
 
 
 def warm(names) -> tuple:

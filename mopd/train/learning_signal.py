@@ -44,7 +44,7 @@ def invalid_fractions(counts: Sequence[float]) -> Dict[str, float]:
 def signal_token_counts(batches: Sequence, role_specs: Sequence) -> List[float]:
     """[trained tokens, trained tokens with a non-zero advantage] over a step's scored micro-batches.
 
-    A token's advantage is the one its role's loss uses (``mopd.kernels.RoleSpec``): the filled
+    A token's advantage is the one its role's loss uses (``mopd_kernels.RoleSpec``): the filled
     outcome advantage, or ``opd_coef * (teacher_logp - old_logp)`` for an OPD role; a role whose
     ``pg_coef`` is 0 has no advantage term at all.
     """
@@ -52,18 +52,25 @@ def signal_token_counts(batches: Sequence, role_specs: Sequence) -> List[float]:
     for b in batches:
         mask = b.roles >= 0
         trained += float(mask.sum())
-        adv = b.advantages.float().clone()
-        for rid, spec in enumerate(role_specs):
-            at = b.roles == rid
-            if spec.pg_coef == 0:
-                adv[at] = 0.0
-            elif spec.is_opd:
-                if b.teacher_logp is None or b.old_logp is None:
-                    adv[at] = 0.0
-                else:
-                    adv[at] = spec.opd_coef * (b.teacher_logp[at].float() - b.old_logp[at].float())
-        nonzero += float((mask & (adv != 0)).sum())
+        nonzero += float((mask & (trained_advantages(b, role_specs) != 0)).sum())
     return [trained, nonzero]
+
+
+def trained_advantages(batch, role_specs: Sequence) -> torch.Tensor:
+    """Each position's advantage as its role's loss uses it (fp32, a new tensor): the filled
+    outcome advantage, ``opd_coef * (teacher_logp - old_logp)`` for an OPD role (0 before scoring),
+    0 for a role whose ``pg_coef`` is 0. Reads the batch only."""
+    adv = batch.advantages.float().clone()
+    for rid, spec in enumerate(role_specs):
+        at = batch.roles == rid
+        if spec.pg_coef == 0:
+            adv[at] = 0.0
+        elif spec.is_opd:
+            if batch.teacher_logp is None or batch.old_logp is None:
+                adv[at] = 0.0
+            else:
+                adv[at] = spec.opd_coef * (batch.teacher_logp[at].float() - batch.old_logp[at].float())
+    return adv
 
 
 def logprob_gap_sums(batches: Sequence) -> List[float]:

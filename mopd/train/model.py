@@ -1,7 +1,7 @@
 """Loading the policy and teacher, FSDP2 wrapping, and the packed forward to hidden states.
 
 The lm-head is never applied here: callers pass the final hidden states and the lm-head weight
-to ``mopd.kernels`` (``linear_logprobs`` for no-grad scoring, ``fused_linear_policy_loss`` for
+to ``mopd_kernels`` (``linear_logprobs`` for no-grad scoring, ``fused_linear_policy_loss`` for
 the update), so full ``[tokens, vocab]`` logits are never materialised.
 """
 
@@ -187,12 +187,12 @@ class PackedCausalLM(nn.Module):
     def forward(self, batch: PackedBatch, loss=None, *, temperature: float = 1.0, normalizer=None):
         """Without ``loss``: log pi(target | history) of every position at ``temperature``, fp32 [L]
         (no-grad scoring of pi_old, the teacher, the reference). With ``loss`` (a
-        ``mopd.kernels.FusedLinearPolicyLoss``, which holds its own temperature): ``(loss, stats)`` of
+        ``mopd_kernels.FusedLinearPolicyLoss``, which holds its own temperature): ``(loss, stats)`` of
         the batch's loss inputs (``PackedBatch.loss_inputs``), normalised by ``normalizer``."""
         hidden = packed_hidden(self.lm, batch)
         weight = lm_head_weight(self.lm)
         if loss is None:
-            from mopd.kernels import linear_logprobs
+            from mopd_kernels import linear_logprobs
 
             logp, _ = linear_logprobs(hidden, weight, batch.targets, temperature=temperature, with_entropy=False)
             return logp.float()

@@ -84,8 +84,8 @@ class PackedBatch:
         return int((self.roles >= 0).sum())
 
     def loss_inputs(self):
-        """The per-token inputs of the fused loss (``mopd.kernels.LossInputs``), once scored."""
-        from mopd.kernels import LossInputs
+        """The per-token inputs of the fused loss (``mopd_kernels.LossInputs``), once scored."""
+        from mopd_kernels import LossInputs
 
         if self.old_logp is None:
             raise ValueError("the micro-batch has no old_logp yet: score it before computing the loss")

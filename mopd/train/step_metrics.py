@@ -51,7 +51,7 @@ class LossStats:
 
     def add_micro_batch(self, stats) -> None:
         """The kernel's per-role stats of one micro-batch (one host transfer)."""
-        from mopd.kernels import stats_to_floats
+        from mopd_kernels import stats_to_floats
 
         flat = stats_to_floats(stats, list(role_names()))
         for role in role_names():

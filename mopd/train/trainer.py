@@ -3,7 +3,7 @@
 One class holds the run's state (model, optimizer, engine, frozen models, data position, step);
 every stage of a step is one call into the component that owns it: the rollout
 (``mopd.rollout``), packing and per-call glue (``step_batches``), the method (``mopd.algo``),
-the loss head (``mopd.kernels``), the engine's colocation cycle (``weight_sync``), bookkeeping
+the loss head (``mopd_kernels``), the engine's colocation cycle (``weight_sync``), bookkeeping
 (``step_metrics``). It runs as one process on CPU for smoke runs and under ``torchrun`` with FSDP2
 on GPUs. Each rank rolls out its share of the step's questions (all G trajectories of a question
 stay on one rank, so group normalisation is local); the loss normaliser is the global number of
@@ -312,6 +312,7 @@ class PolicyTrainer:
             rewards, advantages = step_advantages(cfg, records, kl_sums, judge)
             step.fill_advantages(advantages)
             signal = self._signal_counts(records, step.batches)
+            self._trace(records, step, rewards, advantages)
         with self._signals.deferred():
             with timer("train"):
                 losses = self.update(step.batches)
@@ -329,6 +330,19 @@ class PolicyTrainer:
             self._pending = m    # finished; its validation, log line and checkpoint are to come
             self._mark_finished()
         return m
+
+    def _trace(self, records, step: StepBatches, rewards, advantages) -> None:
+        """Every ``trainer.trace_every`` steps (rank 0): a sample of the step's workflows with their
+        per-token log-probs and advantages into traces.jsonl (``mopd.train.token_trace``; reads
+        only, draws no random number)."""
+        every = self.cfg.trainer.trace_every
+        if self.rank != 0 or not every or (self.step + 1) % every:
+            return
+        from mopd.train.token_trace import append_traces, trace_lines
+
+        append_traces(self.run_dir, trace_lines(
+            self.step + 1, records, step, role_specs(self.cfg.algo), rewards=rewards, advantages=advantages,
+            teacher_roles=self.cfg.opd_roles(), count=self.cfg.trainer.trace_workflows))
 
     def _mark_finished(self) -> None:
         """Remember the state of the last finished step (cheap: positions, counters, RNG states)."""
@@ -718,7 +732,7 @@ class PolicyTrainer:
 
 def _loss_head(cfg: Config):
     """The fused PPO/OPD loss with this run's hyperparameters (role specs, clip, temperature)."""
-    from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings
+    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings
 
     return FusedLinearPolicyLoss(PolicyLossSettings(
         role_specs=tuple(role_specs(cfg.algo)), clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high,

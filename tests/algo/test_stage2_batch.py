@@ -9,7 +9,7 @@ from mopd.algo.advantages import call_token_signals, role_advantages, role_specs
 from mopd.algo.rewards import kl_in_reward, role_rewards
 from mopd.config import resolve
 from mopd.core.roles import role_id
-from mopd.kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
+from mopd_kernels import LossInputs, PolicyLossSettings, fused_linear_policy_loss
 from tests.helpers.records import call, record, search
 
 

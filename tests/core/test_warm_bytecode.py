@@ -29,5 +29,5 @@ def test_every_mopd_module_is_listed_but_the_command_line_entry():
     from mopd.core.warm_bytecode import mopd_modules
 
     names = mopd_modules()
-    assert "mopd.core.warm_bytecode" in names and "mopd.pipeline.run" in names and "mopd.kernels" in names
+    assert "mopd.core.warm_bytecode" in names and "mopd.pipeline.run" in names and "mopd_kernels" in names
     assert "mopd.__main__" not in names

@@ -44,7 +44,7 @@ def loss_inputs(ref_policy, batch, seed):
 
 
 def step_loss(policy, batch, old, teacher, specs, normalizer):
-    from mopd.kernels import FusedLinearPolicyLoss, PolicyLossSettings
+    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings
 
     batch.old_logp, batch.teacher_logp = old, teacher
     loss, _ = policy(batch, FusedLinearPolicyLoss(PolicyLossSettings(role_specs=specs)), normalizer=normalizer)
@@ -98,7 +98,7 @@ def main():
     del lm, pol
 
     # 2. mixed precision: fp32 masters and AdamW state, bf16 compute, loss inputs untouched
-    from mopd.kernels import ops  # FusedLinearPolicyLoss.forward calls ops.fused_linear_policy_loss
+    from mopd_kernels import ops  # FusedLinearPolicyLoss.forward calls ops.fused_linear_policy_loss
 
     seen = []
     real_loss = ops.fused_linear_policy_loss

@@ -10,7 +10,7 @@ import torch
 
 from mopd.config import ConfigError, resolve
 from mopd.core.roles import role_of_prompt
-from mopd.kernels.role_spec import RoleSpec
+from mopd_kernels.role_spec import RoleSpec
 from mopd.rollout.scripted_engine import ScriptedEngine
 from mopd.train.learning_signal import logprob_gap_sums, signal_token_counts
 from mopd.train.packing import build_packed_batch

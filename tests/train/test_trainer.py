@@ -133,7 +133,7 @@ def test_fixed_batch_loss_goes_down(tiny_model_dir, qa_file, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
 def test_nonfinite_loss_is_skipped_logged_then_stops(tiny_model_dir, qa_file, tmp_path, monkeypatch):
-    from mopd.kernels import FusedLinearPolicyLoss
+    from mopd_kernels import FusedLinearPolicyLoss
 
     real = FusedLinearPolicyLoss.forward
     calls = {"n": 0}
