@@ -408,6 +408,13 @@ class TrainerConfig:
     validation cost grows linearly)."""
     log_every: int = 1
     """Steps between metric lines."""
+    trace_every: int = 0
+    """Steps between token traces (0: none): every such step appends a fixed sample of its
+    workflows to ``<out_dir>/traces.jsonl`` with each model token's sampling, old and teacher
+    log-probs and the advantage it was trained with (``mopd view RUN`` shows them). Tracing only
+    writes a file: the run trains exactly as without it."""
+    trace_workflows: int = 4
+    """Workflows per trace: the first of each of the step's first this many groups."""
     tensorboard: bool = False
     """Also write TensorBoard events (needs tensorboard)."""
     wandb_project: str = ""
@@ -433,6 +440,8 @@ class TrainerConfig:
             _positive(f"trainer.{name}", getattr(self, name), allow_zero=True)
         _positive("trainer.grad_clip", self.grad_clip)
         _positive("trainer.log_every", self.log_every)
+        _positive("trainer.trace_every", self.trace_every, allow_zero=True)
+        _positive("trainer.trace_workflows", self.trace_workflows)
 
 
 @dataclass
@@ -903,7 +912,7 @@ def _tiny(cfg: Config, steps: int) -> Config:
     # 16 x 8 at 3e-4 gained in Stage II (below); the demo gives both stages the same steps.
     cfg.trainer = TrainerConfig(steps=steps, questions_per_step=12, ppo_minibatches=1, micro_batch_tokens=8192,
                                 lr=5e-4, grad_clip=1.0, checkpoint_every=10, keep_checkpoints=1, val_every=5,
-                                val_attempts=4, cpu_threads=1, old_logprobs="rollout")
+                                val_attempts=4, cpu_threads=1, old_logprobs="rollout", trace_every=5)
     # Validation: 40 dev questions x 4 workflows every 5 steps (160 workflows, ~7 s in H-MAS); with
     # one workflow per question every 10 steps seed 0's curves went 0.28 / 0.18 / 0.38, swings that
     # 40 single workflows cannot tell from noise.
