@@ -3,6 +3,7 @@ the fixed sample, and the append-only file."""
 
 import json
 
+import pytest
 import torch
 
 from mopd.algo.advantages import role_specs
@@ -59,3 +60,28 @@ def test_traces_are_appended_whole_lines(tmp_path):
     append_traces(tmp_path, [{"step": 2}, {"step": 3}])
     rows = [json.loads(x) for x in (tmp_path / "traces.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_traced_step_trains_exactly_as_an_untraced_one(tiny_model_dir, qa_file, tmp_path):
+    from mopd.train.trainer import PolicyTrainer
+    from tests.helpers.retrievers import FakeRetriever
+    from tests.helpers.training import tiny_overrides
+
+    runs = {}
+    for every in (0, 1):
+        cfg = resolve("mopd", tiny_overrides(tiny_model_dir, qa_file, tmp_path / f"run{every}", **{
+            "teacher.path": tiny_model_dir, "trainer.trace_every": every, "trainer.trace_workflows": 2,
+            "rollout.workflow": "cmas"}))   # a Searcher first in every workflow: OPD tokens to trace
+        t = PolicyTrainer(cfg, retriever=FakeRetriever(), progress=False)
+        m = t.fit(1)
+        runs[every] = ({k: v.detach().clone() for k, v in t.model.state_dict().items()},
+                       {k: v for k, v in m.items() if k.startswith(("loss/", "reward/", "adv"))})
+        t.close()
+    assert runs[0][1] and runs[0][1] == runs[1][1]
+    assert all(torch.equal(runs[0][0][k], runs[1][0][k]) for k in runs[0][0])
+    assert not (tmp_path / "run0" / "traces.jsonl").exists()
+    lines = [json.loads(x) for x in (tmp_path / "run1" / "traces.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and {ln["step"] for ln in lines} == {1}
+    searchers = [c for ln in lines for cid, c in ln["calls"].items() if cid.startswith("s")]
+    assert searchers and all(len(c["tokens"]["teacher"]) == len(c["tokens"]["old"]) > 0 for c in searchers)
