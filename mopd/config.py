@@ -110,6 +110,11 @@ class ModelConfig:
     """Extra variables for every chat-template rendering of every call, in rollouts, evaluation and
     training alike (e.g. ``model.chat_template_kwargs.enable_thinking=false`` for Qwen3's hybrid
     models, which then write no reasoning)."""
+    trust_remote_code: bool = False
+    """Allow model directories whose config.json or tokenizer_config.json names Python code of their
+    own (``auto_map``) and run that code in this process when loading them (transformers'
+    ``trust_remote_code``). Off: such a directory is refused in one line by every command, and
+    nothing from it runs. Recorded in run.json with the rest of the config."""
 
     def __post_init__(self):
         _choice("model.dtype", self.dtype, DTYPES)

@@ -11,6 +11,7 @@ and ``config.json``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
@@ -18,15 +19,62 @@ TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "me
 
 RUN_DIR_HINT = "this is a run directory; export it with `mopd export RUN --out DIR`"
 
+TRUST_ENV = "MOPD_TRUST_REMOTE_CODE"
+"""Set to 1 by a command whose config has ``model.trust_remote_code=true`` (inherited by its
+workers and stage processes); every ``from_pretrained`` of ours passes what it says, so
+transformers never asks on a terminal and never runs a model directory's code otherwise."""
+
+
+def trust_remote_code(trusted: bool) -> None:
+    """Record this command's choice (``model.trust_remote_code``) for the loaders of this process
+    and the processes it starts."""
+    os.environ[TRUST_ENV] = "1" if trusted else "0"
+
+
+def remote_code_trusted() -> bool:
+    """The ``trust_remote_code`` argument of every ``from_pretrained`` call (False unless opted in)."""
+    return os.environ.get(TRUST_ENV) == "1"
+
+
+def remote_code(path: str | Path) -> str | None:
+    """What Python code of its own the model directory ``path`` needs to load (``auto_map`` in
+    config.json or tokenizer_config.json, or a config.json without ``model_type`` that names code),
+    or None."""
+    p = Path(path)
+    needs = []
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((p / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if auto_map:
+            classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else str(auto_map)[:60]
+            needs.append(f"{name}'s auto_map: {classes}")
+    return "; ".join(needs) or None
+
+
+def remote_code_problem(path: str | Path, trusted: bool | None = None) -> str | None:
+    """Why ``path`` is refused for needing its own code (the end of a sentence that starts with
+    the path), unless ``trusted`` (default: :func:`remote_code_trusted`)."""
+    trusted = remote_code_trusted() if trusted is None else trusted
+    needs = None if trusted else remote_code(path)
+    if needs is None:
+        return None
+    return (f"needs Python code from the model directory to load ({needs}); mopd does not run it unless "
+            "model.trust_remote_code=true is set (`mopd export --trust-remote-code`), which runs that code in "
+            "this process")
+
 
 def is_run_directory(path: Path) -> bool:
     """A training run directory (``run.json`` or ``checkpoints/``), not a model."""
     return (path / "run.json").is_file() or (path / "checkpoints").is_dir()
 
 
-def model_dir_problem(path: str | Path) -> str | None:
+def model_dir_problem(path: str | Path, trusted: bool | None = None) -> str | None:
     """``None`` if ``path`` (an existing local directory) holds a causal LM with a tokenizer,
-    else why not, as the end of a sentence that starts with the path."""
+    else why not, as the end of a sentence that starts with the path. A directory that needs its
+    own code is refused unless ``trusted`` (default: :func:`remote_code_trusted`)."""
     p = Path(path)
     if is_run_directory(p):
         return RUN_DIR_HINT
@@ -39,7 +87,7 @@ def model_dir_problem(path: str | Path) -> str | None:
         return f"has a config.json that is not valid JSON ({e})"
     if not isinstance(config, dict):
         return "has a config.json that is not a JSON object"
-    problem = _architecture_problem(config)
+    problem = remote_code_problem(p, trusted) or _architecture_problem(config)
     if problem:
         return problem
     if not any(all((p / f).is_file() for f in files) for files in TOKENIZER_FILES):

@@ -15,6 +15,8 @@ import json
 import struct
 from pathlib import Path
 
+from mopd.core.model_dir import remote_code_trusted
+
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 MAX_HEADER = 100 << 20       # safetensors' own limit on a header
 
@@ -94,7 +96,7 @@ def _meta_model(path: Path):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path), trust_remote_code=remote_code_trusted()))
     except Exception:  # noqa: BLE001 (what cannot be checked here is left to the loader)
         return None
 
@@ -140,7 +142,7 @@ def tokenizer_length(path: str | Path) -> int | None:
     try:
         from transformers import AutoTokenizer
 
-        return len(AutoTokenizer.from_pretrained(str(path)))
+        return len(AutoTokenizer.from_pretrained(str(path), trust_remote_code=remote_code_trusted()))
     except Exception:  # noqa: BLE001 (reported where the model loads)
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mopd.core.arguments import add_overrides_argument
+from mopd.core.model_dir import remote_code_trusted, trust_remote_code
 from mopd.core.workflows import workflow_names
 
 
@@ -73,6 +74,7 @@ def _run(args) -> int:
     from mopd.eval.runner import EvalPlan, manifest_fingerprint
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    trust_remote_code(cfg.model.trust_remote_code)
     import torch
 
     cuda = torch.cuda.is_available()
@@ -121,7 +123,7 @@ def _run(args) -> int:
     from mopd.rollout.context import fit_context
 
     # Before any engine starts: a template that cannot be continued, or limits past the context.
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=remote_code_trusted())
     from mopd.core.model_weights import weights_problem
 
     problem = weights_problem(args.model, tokenizer_len=len(tokenizer))   # truncated, another size, tokenizer

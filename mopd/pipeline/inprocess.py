@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from mopd.config import RetrieverConfig
+from mopd.core.errors import UserError
 from mopd.pipeline.stages import EvalStage, ExportStage, TrainStage, move_aside
 
 Log = Callable[[str], None]
+
+
+class StageLocked(UserError):
+    """A training stage's run directory is held by another process (the message names it)."""
 
 
 def rollout_fn(lockstep: bool):
@@ -53,22 +58,41 @@ def train(stage: TrainStage, export: Optional[ExportStage], retriever, lockstep:
         log(f"{name}: trained in {cfg.trainer.out_dir}; exporting")
     else:
         log(f"{name}: training {cfg.trainer.steps} steps ({cfg.method}) -> {cfg.trainer.out_dir}")
-    stage.begin(log)
-    t0 = time.perf_counter()
-    deterministic_torch(max(1, cfg.trainer.cpu_threads))
-    trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn(lockstep), progress=progress)
+    lock = lock_stage(cfg.trainer.out_dir, name)   # one writer per run directory, as `mopd train`
     try:
-        trainer.fit()
-        if export is not None:
-            if export.which == "best":
-                export_best(name, trainer, export.export_dir, log)
-            else:
-                log(f"{name}: exporting the last step, {trainer.step}")
-                trainer.export(export.export_dir, which="last")
+        stage.begin(log)
+        if not lock.path.exists():   # begin moved a build of other settings aside, its lock with it
+            lock.release()
+            lock = lock_stage(cfg.trainer.out_dir, name)
+        t0 = time.perf_counter()
+        deterministic_torch(max(1, cfg.trainer.cpu_threads))
+        trainer = PolicyTrainer(cfg, retriever=retriever, resume=True, rollout_fn=rollout_fn(lockstep),
+                                progress=progress)
+        try:
+            trainer.fit()
+            if export is not None:
+                if export.which == "best":
+                    export_best(name, trainer, export.export_dir, log)
+                else:
+                    log(f"{name}: exporting the last step, {trainer.step}")
+                    trainer.export(export.export_dir, which="last")
+        finally:
+            trainer.close()
+        (export or stage).mark_done()
     finally:
-        trainer.close()
-    (export or stage).mark_done()
+        lock.release()
     log(f"{name}: done in {time.perf_counter() - t0:.0f}s" + (f"; exported {export.export_dir}" if export else ""))
+
+
+def lock_stage(run_dir, name: str):
+    """The run lock of a training stage's directory (:mod:`mopd.core.run_lock`), or
+    :class:`StageLocked` naming its holder."""
+    from mopd.core.run_lock import RunLock, RunLocked
+
+    try:
+        return RunLock(run_dir, f"mopd pipeline stage {name}")
+    except RunLocked as e:
+        raise StageLocked(str(e)) from None
 
 
 def export_best(name: str, trainer, export_dir: Path, log: Log) -> Path:

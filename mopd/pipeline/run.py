@@ -133,13 +133,37 @@ def run_pipeline(cfg: PipelineConfig) -> Path:
     """Run every stage of ``cfg`` (reusing done ones, resuming a killed one); returns the report's path."""
     from mopd.pipeline.presets import pipeline_yaml
 
+    from mopd.core.run_lock import RunLock, RunLocked
+
     stages = plan(cfg)
+    check_remote_code(cfg, stages)
     root = Path(cfg.root)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "pipeline.yaml").write_text(pipeline_yaml(cfg))
-    if cfg.launcher.kind == "inprocess":
-        return _InProcess(cfg, stages).run()
-    return _Subprocess(cfg, stages).run()
+    try:   # one pipeline per root: a second one would train the same stages into the same directories
+        lock = RunLock(root, f"mopd pipeline {cfg.name}")
+    except RunLocked as e:
+        raise PipelineError(str(e).replace("one process writes a run", "one pipeline runs in a root")) from None
+    try:
+        (root / "pipeline.yaml").write_text(pipeline_yaml(cfg))
+        if cfg.launcher.kind == "inprocess":
+            return _InProcess(cfg, stages).run()
+        return _Subprocess(cfg, stages).run()
+    finally:
+        lock.release()
+
+
+def check_remote_code(cfg: PipelineConfig, stages: List[Stage]) -> None:
+    """Refuse a base model, teacher or reference directory that needs its own code unless the
+    training stages set ``model.trust_remote_code=true`` (which then holds for the whole pipeline,
+    its workers and stage processes)."""
+    from mopd.core.model_dir import remote_code_problem, trust_remote_code
+
+    trains = [s.config for s in stages if isinstance(s, TrainStage)]
+    trusted = bool(trains) and all(c.model.trust_remote_code for c in trains)
+    trust_remote_code(trusted)
+    paths = [cfg.model] + [p for c in trains for p in (c.model.path, c.teacher.path, c.reference.path)]
+    for p in dict.fromkeys(p for p in paths if p):
+        if Path(p).expanduser().is_dir() and remote_code_problem(Path(p).expanduser(), trusted):
+            raise PipelineError(f"model {p} {remote_code_problem(Path(p).expanduser(), trusted)}")
 
 
 def _by_type(stages: List[Stage], kind) -> List:

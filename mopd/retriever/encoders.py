@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mopd.core.errors import UserError
+from mopd.core.model_dir import remote_code_trusted
 
 
 class EncoderUnavailable(UserError, ValueError):
@@ -107,8 +108,8 @@ class Encoder:
         hf_logging.set_verbosity_error()  # the load report and progress bar are noise here
         hf_logging.disable_progress_bar()
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-            model = AutoModel.from_pretrained(str(self.model_path))
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), trust_remote_code=remote_code_trusted())
+            model = AutoModel.from_pretrained(str(self.model_path), trust_remote_code=remote_code_trusted())
         finally:
             hf_logging.set_verbosity(verbosity)
             if bars:

@@ -20,6 +20,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from mopd.core.generation import Completion, GenerationRequest
+from mopd.core.model_dir import remote_code_trusted
 from mopd.rollout.engine import EngineCapabilities, eos_ids_of
 from mopd.rollout.kv_layers import layer_kv
 from mopd.rollout.prefix_store import LayerKV, PrefixStore
@@ -68,8 +69,9 @@ class HFEngine:
         else:
             torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                            "float16": torch.float16}[dtype]
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code_trusted())
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
+                                                     trust_remote_code=remote_code_trusted()).to(device)
         model.eval()
         return cls(model, tokenizer, max_batch_rows=max_batch_rows, owns_model=True,
                    prefix_cache_mb=prefix_cache_mb)

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from mopd.core.generation import Completion, GenerationRequest
+from mopd.core.model_dir import remote_code_trusted
 from mopd.rollout.engine import EngineCapabilities
 from mopd.rollout.vllm_outputs import completion_from_output
 
@@ -119,6 +120,8 @@ def engine_kwargs(model_path: str, *, gpu_memory_utilization: float, tensor_para
         "model": model_path, "gpu_memory_utilization": gpu_memory_utilization,
         "tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "seed": seed,
         "logprobs_mode": "processed_logprobs"}
+    if remote_code_trusted():             # model.trust_remote_code=true (vLLM's default is not to run it)
+        kwargs["trust_remote_code"] = True
     if platform.sleep_mode:
         kwargs["enable_sleep_mode"] = True
     if platform.cpu:

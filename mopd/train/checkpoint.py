@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from mopd.core.atomic import atomic_write_text
+from mopd.core.model_dir import remote_code_trusted
 from mopd.train.manifest import FORMAT, verify_checkpoint, write_manifest
 from mopd.train.safe_load import UnsafeCheckpointFile, dcp_load, load_rng_file, read_dcp_metadata
 
@@ -503,8 +504,9 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise CheckpointError(f"{src} does not record its base model; pass --base-model DIR")
     if Path(base_model_path).is_dir() and model_dir_problem(base_model_path):
         raise CheckpointError(f"base model {base_model_path} {model_dir_problem(base_model_path)}")
-    model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(base_model_path)
+    trusted = remote_code_trusted()
+    model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32, trust_remote_code=trusted)
+    tok = AutoTokenizer.from_pretrained(base_model_path, trust_remote_code=trusted)
     ckpt, notes = select_checkpoint(src, which, model=model)
     for n in notes:
         log(n)

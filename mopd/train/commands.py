@@ -54,6 +54,9 @@ def register(sub) -> None:
     e.add_argument("--base-model", default=None,
                    help="architecture/tokenizer source (default: the run's model.path in run.json, else the one "
                         "recorded in the checkpoint); a checkpoint that does not fit it is skipped or refused")
+    e.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a base model whose config names Python code of its own (auto_map) and run that "
+                        "code (as model.trust_remote_code=true); without it such a model is refused")
     e.add_argument("--repair", action="store_true",
                    help="only put back or remove what an interrupted export to --out left beside it (the earlier "
                         "export moved into a hidden .NAME.export-old-* folder, an unfinished .NAME.export-*), then "
@@ -82,7 +85,10 @@ def _train(args) -> int:
                         "trainer.steps")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
+    from mopd.core.model_dir import trust_remote_code
     from mopd.train.run_dir import default_out_dir
+
+    trust_remote_code(cfg.model.trust_remote_code)
 
     default_out_dir(cfg, args.preset)
     lock = None
@@ -140,10 +146,12 @@ def _train(args) -> int:
 
 def _export(args) -> int:
     from mopd.core.errors import UserError
+    from mopd.core.model_dir import trust_remote_code
     from mopd.train.checkpoint import CheckpointError, export_checkpoint
     from mopd.train.export_target import run_of
     from mopd.train.run_lock import RunLock, RunLocked
 
+    trust_remote_code(args.trust_remote_code)
     run = run_of(args.checkpoint)
     lock = None
     if (run / "checkpoints").is_dir():   # retention of a training run must not delete what is being read

@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from mopd.core.model_dir import remote_code_trusted
 from mopd.train.packing import PackedBatch
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,12 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn:
     from mopd.core.model_weights import load_failure, tokenizer_problem
 
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code_trusted())
     except OSError as e:
         raise ModelLoadError(f"cannot load model from {path!r}: {e}") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn,
+                                                     trust_remote_code=remote_code_trusted())
     except OSError as e:
         raise ModelLoadError(f"cannot load model from {path!r}: {e}") from None
     except Exception as e:  # noqa: BLE001 (a truncated safetensors file, a config.json of another size, ...)
@@ -111,7 +113,7 @@ def _apply_liger(path: str) -> None:
         from liger_kernel.transformers import _apply_liger_kernel
         from transformers import AutoConfig
 
-        model_type = AutoConfig.from_pretrained(path).model_type
+        model_type = AutoConfig.from_pretrained(path, trust_remote_code=remote_code_trusted()).model_type
         _apply_liger_kernel(model_type, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                             fused_linear_cross_entropy=False)
     except Exception as e:  # an unsupported architecture keeps the stock kernels
