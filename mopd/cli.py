@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "mopd.data.commands",
     "mopd.train.commands",
     "mopd.eval.commands",
+    "mopd.view.commands",
     "mopd.retriever.commands",
     "mopd.rollout.commands",
 ]

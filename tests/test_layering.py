@@ -25,6 +25,8 @@ ALLOWED = {
     "train": {"config", "core", "retriever", "rollout", "algo", "eval", "data"},
     "demo_report": {"config", "core", "eval"},
     "pipeline": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train", "demo_report"},
+    # the viewer reads records and traces (core, eval) and scores with the trainer's frozen models (train)
+    "view": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train"},
 }
 TOP = {"cli", "commands", "demo", "demo_tables", "__main__", "__init__"}
 

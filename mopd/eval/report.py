@@ -12,6 +12,7 @@ from mopd.core.atomic import atomic_write_json
 from mopd.eval import plots, tables
 from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED
 from mopd.eval.collapse import collapse_table
+from mopd.eval.differences import largest_differences
 from mopd.eval.loading import load_runs, read_eval_records, records_file
 from mopd.eval.summary import summarize
 
@@ -97,6 +98,8 @@ def render_markdown(summary: dict, title: str = "Evaluation report", top_section
               tables.per_dataset_table(summary, names["avg"], intervals=True), ""]
     if "per_dataset" in figs:
         parts += [f"![{names['avg']} per dataset]({figs['per_dataset']})", ""]
+    if summary.get("differences", {}).get("datasets"):
+        parts += [tables.difference_links(summary), ""]
     parts += ["## Cost (per workflow; attempts, then questions, then datasets averaged)", "",
               tables.cost_table(summary), "",
               ("Task assignments are Leader subtasks; a cascade (C-MAS) has no Leader, shown as n/a "
@@ -178,6 +181,10 @@ def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLi
                                                              o.title)
     runs = load_runs(run_paths, names)
     summary = summarize(runs, reference=reference, draws=draws, seed=seed, intersect=intersect)
+    if len(summary["systems"]) > 1:   # linked to the viewer's page of the two (mopd view A B)
+        a = summary["protocol"]["reference"]
+        b = next(n for n in summary["systems"] if n != a)
+        summary["differences"] = {"a": a, "b": b, "datasets": largest_differences(runs[a], runs[b])}
     rows = None
     if collapse_runs:
         rows = collapse_table({int(step): read_eval_records(records_file(p)) for step, p in collapse_runs.items()})

@@ -96,6 +96,19 @@ def per_dataset_table(summary: dict, metric: str, scoring: str = "strict", inter
     return markdown_table(header, rows)
 
 
+def difference_links(summary: dict) -> str:
+    """Each dataset's questions where the two systems of ``summary["differences"]`` differ most,
+    linked into the viewer's page of them (``view.html`` beside the report)."""
+    diff = summary["differences"]
+    a, b, k = diff["a"], diff["b"], summary["protocol"]["attempts"]
+    rows = [[d, ", ".join(f"[{r['id']}](view.html#q={d}/{r['id']}) ({signed_pct(r['a'] - r['b'], 0)})" for r in found)]
+            for d, found in diff["datasets"].items()]
+    intro = (f"**Questions where {a} and {b} differ most** (strict avg@{k}, {a} minus {b}); the links open "
+             f"`view.html` beside this report, written by `mopd view RUN_A RUN_B --names {a} {b} --out "
+             "<this directory>/view.html` (RUN_A, RUN_B: the two evaluations' directories):")
+    return intro + "\n\n" + markdown_table(["Dataset", "Questions"], rows)
+
+
 def cost_table(summary: dict) -> str:
     """Macro per-workflow costs; task assignments 'n/a' where the workflow has no Leader."""
     rows = []

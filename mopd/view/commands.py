@@ -1,0 +1,77 @@
+"""`mopd view`: one HTML page of an evaluation's records, a training run's traces, or two side by side."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "view", help="write one self-contained HTML page of workflows (trees, filters, per-token signal)",
+        description="Reads an evaluation directory (records.jsonl), a records .jsonl file, or a training run "
+                    "directory (traces.jsonl, written every trainer.trace_every steps); two sources are shown "
+                    "side by side, question by question. The page needs no server and no network.")
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="one or two evaluation/run directories or records files")
+    p.add_argument("--out", default=None,
+                   help="the page (default: SOURCE/view.html for one directory, else ./view.html)")
+    p.add_argument("--names", nargs="+", default=None, help="a display name per source (default: directory names)")
+    p.add_argument("--teacher", default=None, metavar="DIR",
+                   help="score the Searcher tokens with this teacher model once (no training step): OPD's "
+                        "teacher-minus-old signal per token")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="the tokenizer that decodes token ids (default: the run's model from run.json/config.yaml)")
+    p.add_argument("--max-mb", type=float, default=100.0,
+                   help="bound of the compressed workflow trees; past it, workflows keep texts but not tokens")
+    p.add_argument("--title", default=None, help="the page's heading")
+    p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 (Ctrl-C stops)")
+    p.add_argument("--port", type=int, default=8000, help="port for --serve (0: any free one)")
+    p.set_defaults(func=_view)
+
+
+def _view(args) -> int:
+    from pathlib import Path
+
+    from mopd.core.errors import UserError
+    from mopd.view.page import write_page
+    from mopd.view.page_data import build_page_data
+    from mopd.view.sources import model_dir_of, open_source
+
+    if len(args.sources) > 2:
+        raise UserError(f"{len(args.sources)} sources: give one, or two to compare")
+    if args.names and len(args.names) != len(args.sources):
+        raise UserError(f"{len(args.sources)} sources but {len(args.names)} names; give one name per source")
+    if args.max_mb <= 0:
+        raise UserError(f"--max-mb {args.max_mb}: give a positive size")
+    systems = [open_source(s, args.names[i] if args.names else None, args.tokenizer)
+               for i, s in enumerate(args.sources)]
+    if len({s.name for s in systems}) < len(systems):
+        raise UserError(f"both sources are named {systems[0].name!r}; give distinct names (--names)")
+    if args.teacher:
+        from mopd.core.model_dir import model_dir_problem
+        from mopd.view.teacher_scores import score_searchers
+        from mopd.view.token_text import TokenDecoder
+
+        problem = model_dir_problem(args.teacher) if Path(args.teacher).is_dir() else "is not a directory"
+        if problem:
+            raise UserError(f"--teacher {args.teacher} {problem}")
+        for s, path in zip(systems, args.sources):
+            home = Path(path) if Path(path).is_dir() else Path(path).parent
+            print(f"scoring {s.name}'s Searcher tokens with the teacher {args.teacher}")
+            s.workflows = score_searchers(list(s.workflows), args.teacher, student_dir=model_dir_of(home))
+            if not s.decoder:
+                from transformers import AutoTokenizer
+
+                s.decoder = TokenDecoder(AutoTokenizer.from_pretrained(args.teacher))
+    first = Path(args.sources[0])
+    out = Path(args.out) if args.out else (first / "view.html" if len(systems) == 1 and first.is_dir()
+                                           else Path("view.html"))
+    data = build_page_data(systems, max_bytes=int(args.max_mb * 2 ** 20))
+    if not data.workflows:
+        raise UserError(f"no workflows in {' '.join(args.sources)}")
+    title = args.title or "mopd view: " + " vs ".join(s.name for s in systems)
+    path = write_page(data, out, title)
+    print(f"{len(data.workflows)} workflows of {len(data.questions)} questions: {path} "
+          f"({path.stat().st_size / 2 ** 20:.1f} MiB; open it in a browser, no server needed)")
+    if args.serve:
+        from mopd.view.serve import serve
+
+        serve(path, args.port)
+    return 0

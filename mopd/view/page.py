@@ -1,0 +1,79 @@
+"""The viewer's page: one self-contained HTML file (CSS, JavaScript and data inlined; no network).
+
+The style and the script are this package's ``assets/viewer.css`` and ``assets/viewer.js``, plain
+files read at write time; no build step, no library.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+from mopd.core.atomic import atomic_write_text
+from mopd.view.page_data import PageData
+
+ASSETS = Path(__file__).with_name("assets")
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{title}</title>
+<style>{css}</style></head>
+<body>
+<header><h1>{title}</h1><span class="sources">{sources}</span></header>
+<div id="filters">
+ <label>dataset <select id="f-dataset"><option value="">all</option></select></label>
+ <label>outcome <select id="f-solved"><option value="">any</option><option value="solved">solved</option>
+  <option value="unsolved">not solved</option></select></label>
+ <label>role <select id="f-role"><option value="">any</option></select></label>
+ <label><input type="checkbox" id="f-invalid"> invalid actions</label>
+ <label><input type="checkbox" id="f-nosearch"> no search</label>
+ <label>search <input type="search" id="f-text" placeholder="question, gold or final answer"></label>
+ <label>sort <select id="f-sort"><option value="file">file order</option>
+  <option value="diff">largest difference first</option></select></label>
+ <label>colour tokens by <select id="f-signal"><option value="">nothing</option></select></label>
+ <span class="legend">green: positive advantage · red: negative, or an unlikely token (log-prob);
+  hover a token for its value</span>
+</div>
+<main>
+ <div id="listpane"><div class="pager"><button id="prev">&larr;</button><button id="next">&rarr;</button>
+  <span id="count"></span></div>
+  <table id="list"><thead><tr id="list-head"><th>dataset</th><th>question</th><th>gold</th></tr></thead>
+  <tbody id="list-body"></tbody></table></div>
+ <div id="detail"><div class="meta">Open a question on the left.</div></div>
+</main>
+<footer>{note}</footer>
+<script type="application/json" id="mopd-data">{data}</script>
+<script>{js}</script>
+</body></html>
+"""
+
+
+def size_note(data: PageData) -> str:
+    """What the page holds and what it left out to stay small (shown in its footer)."""
+    n = len(data.workflows)
+    mib = data.tree_bytes / 2 ** 20
+    kept = (f"token texts and values kept for all {n} workflows" if data.with_tokens == n or not data.signals and
+            data.with_tokens == 0 else
+            f"token texts and values kept for {data.with_tokens} of {n} workflows (the first ones, until the "
+            f"trees passed {data.max_bytes / 2 ** 20:.0f} MiB; later ones show their text)")
+    return (f"{n} workflows of {len(data.questions)} questions. Each workflow's tree is zlib-compressed JSON "
+            f"({mib:.1f} MiB in all), inflated when it is opened; the list shows {100} questions a page. "
+            f"Per-token values are rounded to 0.01; {kept}. Role prompts are stored once.")
+
+
+def render_page(data: PageData, title: str = "mopd view") -> str:
+    sources = " · ".join(f"{s['name']}: {s['source']}" for s in data.systems)
+    return TEMPLATE.format(title=html.escape(title), sources=html.escape(sources), note=html.escape(size_note(data)),
+                           css=(ASSETS / "viewer.css").read_text(encoding="utf-8"), data=data.as_json(),
+                           js=(ASSETS / "viewer.js").read_text(encoding="utf-8"))
+
+
+def write_page(data: PageData, out: str | os.PathLike, title: str = "mopd view") -> Path:
+    """Write the page atomically; returns its path."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, render_page(data, title))
+    return path

@@ -1,0 +1,102 @@
+"""The viewer's data model and page writer, without a browser: trees in time order, tokens that
+spell the text, values where they were traced, the size bound, and a page that loads nothing."""
+
+import base64
+import json
+import re
+import zlib
+
+from mopd.cli import main
+from mopd.core.roles import role_names
+from mopd.view.page import render_page
+from mopd.view.page_data import build_page_data
+from mopd.view.sources import open_source
+
+
+def trees(data):
+    return [json.loads(zlib.decompress(base64.b64decode(t))) for t in data.trees]
+
+
+def test_a_hmas_workflow_is_a_tree_in_time_order(eval_root):
+    data = build_page_data([open_source(str(eval_root / "eval" / "opd"))])
+    assert len(data.workflows) == 8 and len(data.questions) == 4
+    tree = trees(data)[0]
+    assert [b["kind"] for b in tree["blocks"]] == ["turn", "wave", "turn", "request"]
+    assert [b["step"] for b in tree["blocks"]] == sorted(b["step"] for b in tree["blocks"])
+    wave = tree["blocks"][1]
+    assert wave["calls"] == ["s0.0", "s0.1"]
+    searcher = tree["calls"]["s0.0"]
+    assert searcher["parent"] == "Where was band 0 formed?"
+    search = searcher["turns"][0]["events"][0]
+    assert search["kind"] == "search" and [p["title"] for p in search["passages"]] == ["T0", "T1", "T2"]
+    assert searcher["turns"][1]["events"][0] == {"kind": "report", "text": "band 0 was formed in Town0"}
+    # role prompts are kept once, not in every call
+    assert "You are a Searcher" in data.prompts[searcher["prompt"]] and len(data.prompts) == 3
+    assert tree["final"] == "Town0" and tree["correct"] is True
+    # each model turn's tokens spell its text exactly (decoded with the run's tokenizer)
+    turn = searcher["turns"][0]
+    assert "".join(turn["tokens"]["pieces"]).startswith(turn["text"])
+
+
+def test_invalid_actions_are_named_and_no_search_flagged(eval_root):
+    data = build_page_data([open_source(str(eval_root / "eval" / "control"))])
+    rows = {(data.questions[w[1]][1], w[2]): w for w in data.workflows}
+    leader_bit = 1 << role_names().index("leader")
+    assert rows[("q3", 0)][5] & leader_bit and not rows[("q0", 0)][5]
+    assert rows[("q2", 0)][6] == 0 and rows[("q0", 0)][6] == 2     # searches per workflow
+    assert [w[3] for w in data.workflows if data.questions[w[1]][1] == "q1"] == [0, 0]
+    tree = trees(data)[data.workflows.index(rows[("q3", 0)])]
+    invalid = [e for t in tree["calls"]["l0"]["turns"] for e in t["events"] if e["kind"] == "invalid"]
+    assert invalid and invalid[0]["reason"] == "expected <subtask> or <select>"
+
+
+def test_traced_tokens_carry_their_values(traced_run):
+    data = build_page_data([open_source(str(traced_run))])
+    assert data.signals == ["opd", "advantage", "teacher", "old", "sampling"]
+    assert sorted({w[8] for w in data.workflows}) == [5, 10] and len(data.workflows) == 6
+    tree = trees(data)[0]
+    s = tree["calls"]["s0.0"]["turns"][0]["tokens"]
+    n = len(s["pieces"])
+    # opd = teacher - old = 1.00 (hundredths) on every Searcher token; the Leader has no teacher
+    assert s["values"]["opd"] == [100] * n and s["values"]["old"] == [-50] * n
+    leader = tree["calls"]["l0"]["turns"][0]["tokens"]["values"]
+    assert "opd" not in leader and leader["advantage"] == [50] * len(leader["advantage"])
+    assert tree["rewards"]["l0"] == {"reward": 0.5, "advantage": 0.5}
+
+
+def test_past_the_size_bound_workflows_keep_text_not_tokens(eval_root):
+    whole = build_page_data([open_source(str(eval_root / "eval" / "opd"))])
+    first = len(whole.trees[0])
+    data = build_page_data([open_source(str(eval_root / "eval" / "opd"))], max_bytes=first + 1)
+    assert data.with_tokens == 2
+    kept = trees(data)
+    assert "tokens" in kept[1]["calls"]["s0.0"]["turns"][0] and "tokens" not in kept[2]["calls"]["s0.0"]["turns"][0]
+    assert kept[2]["calls"]["s0.0"]["turns"][0]["text"] == "<search>Where was band 1 formed?</search>"
+    assert "token texts and values kept for 2 of 8 workflows" in render_page(data)
+
+
+def test_the_page_is_self_contained(eval_root):
+    page = render_page(build_page_data([open_source(str(eval_root / "eval" / "opd"))]))
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)
+    assert "<script src" not in page and "<link rel=\"stylesheet\"" not in page
+    assert page.count("</script>") == 2     # the data cannot close its own script element
+
+
+def test_view_writes_the_page_of_an_eval_directory(eval_root, capsys):
+    # the pipeline's layout: mopd view runs/demo/eval/<system>
+    assert main(["view", str(eval_root / "eval" / "opd")]) == 0
+    page = eval_root / "eval" / "opd" / "view.html"
+    assert page.is_file() and "8 workflows of 4 questions" in capsys.readouterr().out
+    out = eval_root / "compare.html"
+    assert main(["view", str(eval_root / "eval" / "opd"), str(eval_root / "eval" / "control"),
+                 "--out", str(out)]) == 0
+    assert '"name":"opd"' in out.read_text() and '"name":"control"' in out.read_text()
+
+
+def test_view_errors_are_one_line(tmp_path, eval_root, capsys):
+    for argv, said in ((["view", str(tmp_path / "nothing")], "no such file"),
+                       (["view", str(tmp_path)], "no records.jsonl"),
+                       (["view", str(eval_root / "eval" / "opd"), str(eval_root / "eval" / "opd")], "distinct names")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
