@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from mopd_kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
+from mopd_kernels.compiled_rows import set_compiled_cpu_rows
 from mopd_kernels.memtrack import TensorMemoryTracker
 
 SHAPES = {"base": (4096, 512, 32768), "large": (8192, 256, 50257)}
@@ -35,6 +36,8 @@ SPECS = [
     RoleSpec("opd", opd_coef=0.01, entropy_coef=1e-3),
     RoleSpec("outcome", entropy_coef=1e-3, kl_coef=1e-2, kl_type="k1"),
 ]
+
+set_compiled_cpu_rows(True)  # a benchmark is a long job: the compiled CPU row pass, as the trainer runs it
 
 
 def make_inputs(T, H, V, seed=0):

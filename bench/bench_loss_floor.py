@@ -38,6 +38,7 @@ import time
 import torch
 
 from mopd_kernels import FusedLinearPolicyLoss, LossInputs, PolicyLossSettings, RoleSpec, linear_logprobs
+from mopd_kernels.compiled_rows import set_compiled_cpu_rows
 from mopd_kernels.chunked import TorchRowPass, chunk_rows_for
 
 SHAPES = {"base": (4096, 512, 32768), "large": (8192, 256, 50257), "xl": (4096, 1024, 151936)}
@@ -49,6 +50,8 @@ ROLE_SPECS = [  # bench_kernels.py's three roles
     RoleSpec("opd", opd_coef=0.01, entropy_coef=1e-3),
     RoleSpec("outcome", entropy_coef=1e-3, kl_coef=1e-2, kl_type="k1"),
 ]
+
+set_compiled_cpu_rows(True)  # a benchmark is a long job: the compiled CPU row pass, as the trainer runs it
 
 
 def make_inputs(T, H, V, loss_kind, seed=0):

@@ -24,6 +24,16 @@ _EXPORTS = {
     "PolicyLossSettings": "mopd_kernels.settings",
     "reference_linear_logprobs": "mopd_kernels.reference",
     "reference_policy_loss": "mopd_kernels.reference",
+    "OBJECTIVES": "mopd_kernels.settings",
+    "IMPORTANCE_SAMPLING": "mopd_kernels.settings",
+    "AGGREGATIONS": "mopd_kernels.aggregation",
+    "Aggregation": "mopd_kernels.aggregation",
+    "token_weights": "mopd_kernels.aggregation",
+    "Completions": "mopd_kernels.completions",
+    "FusedLinearGRPOLoss": "mopd_kernels.completions",
+    "completion_inputs": "mopd_kernels.completions",
+    "set_compiled_cpu_rows": "mopd_kernels.compiled_rows",
+    "matmul_inputs": "mopd_kernels.ops",
 }
 
 __all__ = sorted(_EXPORTS)

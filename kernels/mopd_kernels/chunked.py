@@ -341,20 +341,26 @@ class PolicyLossPass:
     grad_weight: Optional[torch.Tensor]  # [V, H]
 
 
+def _trained_rows(inputs: LossInputs, T: int):
+    """``(index, n)``: the rows with role >= 0 (None when all ``T`` are), and their number."""
+    index = (inputs.roles >= 0).nonzero().squeeze(1)  # one host sync per call
+    n = index.numel()
+    return (None if n == T else index), n
+
+
 def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, row_pass,
                      grads: GradRequest) -> PolicyLossPass:
     """Log-probs, entropies and (scaled) gradients of the summed token losses, chunk by chunk.
 
     ``inputs`` as ``LossInputs.for_kernels`` makes them (fp32 values). Rows with role -1 are
-    skipped entirely. The gradients are of ``grads.scale * sum_t loss_t``.
+    skipped entirely. The gradients are of ``grads.scale * sum_t loss_t``. A loss whose tokens are
+    coupled within a sequence (``settings.per_sequence``) takes ``sequence_loss_pass``.
     """
+    if settings.per_sequence:
+        return sequence_loss_pass(hidden, weight, targets, inputs, settings, row_pass, grads)
     T, V = hidden.shape[0], weight.shape[0]
     dev = hidden.device
-    active = inputs.roles >= 0
-    index = active.nonzero().squeeze(1)  # one host sync per call
-    n = index.numel()
-    if n == T:
-        index = None
+    index, n = _trained_rows(inputs, T)
     targets_a = targets if index is None else targets.index_select(0, index)
     trained = inputs.select(index)
     trained = dataclasses.replace(trained, roles=trained.roles.to(torch.int32).contiguous())
@@ -383,4 +389,31 @@ def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Poli
                 grad_h.index_copy_(0, rows, torch.mm(dl, weight).mul_(alpha))
         if grads.weight:
             grad_w.addmm_(dl.t(), h_c, alpha=alpha)
+    return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
+
+
+def sequence_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, row_pass,
+                       grads: GradRequest) -> PolicyLossPass:
+    """``policy_loss_pass`` for a loss whose token terms depend on the whole sequence (GSPO's
+    sequence ratio): every trained row's log-prob and entropy first (one matmul per chunk, the
+    scoring pass), then the token terms and their gradient scalars over all rows at once, then the
+    gradient pass that recomputes the logits chunk by chunk (``logprobs_backward``: three more
+    matmuls). One matmul more than the token-local pass; no more memory."""
+    T = hidden.shape[0]
+    index, n = _trained_rows(inputs, T)
+    h_a = hidden if index is None else hidden.index_select(0, index)
+    targets_a = targets if index is None else targets.index_select(0, index)
+    loop = ChunkLoop(row_pass, settings.temperature, settings.chunk_rows)
+    logp, entropy, lse = logprobs_forward(h_a, weight, targets_a, loop, with_entropy=True)
+    grad_h = torch.zeros_like(hidden) if grads.hidden else None
+    grad_w = torch.zeros_like(weight) if grads.weight else None
+    if n == 0 or not grads.any:
+        return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
+    trained = inputs.select(index)
+    t = token_terms(logp, entropy, trained, settings)
+    scale = grads.scale if grads.scale is not None else 1.0 / n
+    gh_a, grad_w = logprobs_backward((t["g_logp"], t["g_entropy"]), h_a, weight, targets_a, lse, entropy, loop,
+                                     GradRequest(grads.hidden, grads.weight, scale))
+    if grads.hidden:
+        grad_h = gh_a if index is None else grad_h.index_copy_(0, index, gh_a)
     return PolicyLossPass(index, logp, entropy, grad_h, grad_w)

@@ -22,8 +22,10 @@ Memory: the same chunk, nothing of size ``[C, V]`` besides it (16-bit inputs are
 their own dtype, with no fp32 copy); outputs are ``[C]`` vectors. ``bytes_per_logit`` is the eager
 pass's, so both size chunks alike.
 
-When it runs: CPU tensors with ``V >= COMPILED_MIN_VOCAB`` (below, and so at the tiny demo's V of
-about 1k, the eager pass runs and its bits are unchanged), unless ``MOPD_KERNELS_COMPILE=0``, a
+When it runs: once turned on (``set_compiled_cpu_rows(True)`` or ``MOPD_KERNELS_COMPILE=1``; off by
+default for library use, since the first call compiles), CPU tensors with ``V >= COMPILED_MIN_VOCAB``
+(below, and so at the tiny demo's V of about 1k, the eager pass runs and its bits are unchanged),
+unless ``MOPD_KERNELS_COMPILE=0``, a
 Python dispatch mode is active (``memtrack`` counts the eager pass's tensors), dynamo is tracing
 the caller, or compiling failed once in this process (a warning, then the eager pass for good). The
 row count is marked dynamic, so new chunk sizes reuse the compiled code; each vocabulary size and
@@ -122,8 +124,25 @@ def _target_index(targets: torch.Tensor, V: int):
     return valid, torch.where(valid, targets, torch.zeros_like(targets)).long()
 
 
+_ENABLED = []
+
+
+def set_compiled_cpu_rows(enabled: bool) -> None:
+    """Turn the compiled CPU row pass on or off for this process (``MOPD_KERNELS_COMPILE=1``/``0``
+    says the same from the environment, and wins over this call).
+
+    Off by default for library use: the first call at each vocabulary size and dtype compiles for
+    half a minute on a cold cache (seconds once inductor's on-disk cache holds it), while every
+    later call runs at 1.0-1.2x the bare matmuls instead of the eager pass's (bench/RESULTS.md). A
+    long job (a trainer) turns it on; a short script or a test keeps the eager pass.
+    """
+    _ENABLED[:] = [bool(enabled)]
+
+
 def compile_enabled() -> bool:
-    return os.environ.get("MOPD_KERNELS_COMPILE", "1") not in ("0", "") and not _FAILED
+    env = os.environ.get("MOPD_KERNELS_COMPILE", "").strip()
+    wanted = env not in ("0", "") if env else bool(_ENABLED and _ENABLED[0])
+    return wanted and not _FAILED
 
 
 def _dispatch_mode_active() -> bool:

@@ -63,6 +63,28 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def _full_weight(weight):
+    """An FSDP2-sharded (DTensor) lm-head weight gathered whole, differentiably (its gradient goes
+    back sharded); a plain tensor as it is."""
+    return weight.full_tensor() if type(weight).__name__ == "DTensor" else weight
+
+
+def matmul_inputs(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype: Optional[torch.dtype] = None):
+    """``(hidden, weight)`` in the lm-head matmul's dtype: ``matmul_dtype`` if given, else the autocast
+    dtype when autocast is on for their device (as ``F.linear`` would run), else their own (a
+    mismatch is then a ValueError). The casts are differentiable: gradients come back in each
+    input's own dtype."""
+    weight = _full_weight(weight)
+    dtype = matmul_dtype
+    if dtype is None and isinstance(hidden, torch.Tensor) and torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+    if dtype is None:
+        return hidden, weight
+    if not (isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return hidden, weight  # the argument checks name the bad one
+    return hidden.to(dtype), weight.to(dtype)
+
+
 def row_pass_for(backend: str):
     if backend == "triton":
         from mopd_kernels.triton_kernels import TritonRowPass
@@ -160,7 +182,8 @@ torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprob
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                     temperature: float = 1.0, with_entropy: bool = True, backend: str = "auto",
-                    chunk_rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                    chunk_rows: Optional[int] = None, matmul_dtype: Optional[torch.dtype] = None
+                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-prob of each target and entropy of each row of ``softmax(hidden @ weight.T / temperature)``.
 
     ``hidden`` [T, H] (fp32/bf16/fp16), ``weight`` [V, H] of the same dtype, ``targets`` [T] int.
@@ -168,17 +191,21 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     is not computed, which spares the scoring passes a reduction over every logit). A target outside ``[0, V)`` (e.g. -100) gets logp 0 and
     no gradient. Differentiable w.r.t. ``hidden`` and ``weight``; under ``torch.no_grad`` it is the
     pi_old / teacher scoring pass. ``chunk_rows`` fixes the rows per chunk (default:
-    ``chunked.chunk_rows_for``, from the shape on CPU, a memory budget elsewhere).
+    ``chunked.chunk_rows_for``, from the shape on CPU, a memory budget elsewhere). The matmul runs in
+    ``matmul_dtype``, else the autocast dtype when autocast is on, else the inputs' own dtype
+    (``matmul_inputs``); an FSDP2-sharded (DTensor) weight is gathered.
     """
+    hidden, weight = matmul_inputs(hidden, weight, matmul_dtype)
     check_linear_inputs(hidden, weight, targets)
     check_temperature(temperature)
     backend = resolve_backend(backend, hidden.device)
-    if backend == "reference":
-        logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
-    else:
-        logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
-            hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend,
-            int(chunk_rows or 0), bool(with_entropy))
+    with torch.autocast(hidden.device.type, enabled=False):
+        if backend == "reference":
+            logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
+        else:
+            logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
+                hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend,
+                int(chunk_rows or 0), bool(with_entropy))
     return logp, (entropy if with_entropy else None)
 
 
@@ -221,25 +248,35 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
                              ) -> Tuple[torch.Tensor, Stats]:
     """Role-aware clipped PPO / OPD loss of the lm head over packed tokens, without [T, V] logits.
 
-    ``hidden`` [T, H] and ``weight`` [V, H] (same dtype), ``targets`` [T]; ``inputs`` the per-token
-    roles, pi_old / teacher / reference log-probs and advantages; ``settings`` the hyperparameters.
+    ``hidden`` [T, H] and ``weight`` [V, H] (the matmul dtype follows ``settings.matmul_dtype`` or
+    autocast, ``matmul_inputs``), ``targets`` [T]; ``inputs`` the per-token roles, pi_old / teacher /
+    reference log-probs, advantages and optional weights; ``settings`` the hyperparameters.
     ``loss = sum_{t: roles[t] >= 0} loss_t / normalizer`` with the per-token loss of
-    ``mopd_kernels.terms`` (advantage by role, clipped surrogate, entropy bonus, KL to ``ref_logp``).
-    ``normalizer`` defaults to the number of trained tokens (role >= 0); pass the global count when
-    a mini-batch is split over ranks or accumulation steps. Gradients flow to ``hidden`` and
-    ``weight`` only. ``stats[r]`` holds 0-d fp32 tensors (no host sync) for every role ``r``:
-    ``tokens, advantage_mean, clip_frac, approx_kl, entropy_mean, opd_log_ratio, pg_loss, kl``.
+    ``mopd_kernels.terms`` (advantage by role, the objective's policy term, entropy bonus, KL to
+    ``ref_logp``). ``normalizer`` defaults to the number of trained tokens (role >= 0), or 1 when
+    ``inputs.weights`` aggregate; pass the global count when a mini-batch is split over ranks or
+    accumulation steps. Gradients flow to ``hidden`` and ``weight`` only. ``stats[r]`` holds 0-d
+    fp32 tensors (no host sync) for every role ``r``, named by ``terms.STAT_NAMES``.
     """
     if not isinstance(settings, PolicyLossSettings):
         raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
     if not isinstance(inputs, LossInputs):
         raise ValueError(f"inputs must be a LossInputs, got {type(inputs).__name__}")
+    hidden, weight = matmul_inputs(hidden, weight, settings.matmul_dtype)
     check_loss_inputs(hidden, weight, targets, inputs, settings, normalizer)
     backend = resolve_backend(settings.backend, hidden.device)
-    if backend == "reference":
-        return reference.reference_policy_loss(hidden, weight, targets, inputs, settings, normalizer)
+    with torch.autocast(hidden.device.type, enabled=False):
+        if backend == "reference":
+            return reference.reference_policy_loss(hidden, weight, targets, inputs, settings, normalizer)
+        return _fused_loss(hidden, weight, targets, inputs, settings, normalizer, backend)
 
+
+def _fused_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, normalizer,
+                backend: str) -> Tuple[torch.Tensor, Stats]:
+    """``fused_linear_policy_loss`` after its checks, with autocast off, on a chunked backend."""
     kernel_inputs = inputs.for_kernels()
+    if normalizer is None and inputs.weights is not None:
+        normalizer = 1.0  # the weights aggregate
     grad_on = torch.is_grad_enabled()
     # A number normaliser is folded into the gradient matmuls; a tensor one (e.g. an all-reduced
     # count) divides the upstream gradient in backward, so no host sync is needed for it.
@@ -252,7 +289,7 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
         p = chunked.policy_loss_pass(hidden.detach().contiguous(), weight.detach(), targets.contiguous(),
                                      kernel_inputs, settings, row_pass_for(backend), grads)
         trained = kernel_inputs.select(p.index)
-        terms = token_terms(p.logp, p.entropy, trained, settings)
+        terms = token_terms(p.logp, p.entropy, trained, settings, need_grad=False)
         if tensor_norm:
             divisor = normalizer.to(device=hidden.device, dtype=torch.float32).reshape(())
             grad_divisor = divisor

@@ -21,13 +21,19 @@ from mopd_kernels.inputs import LossInputs
 from mopd_kernels.settings import PolicyLossSettings
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """fp32 for 16-bit and fp32 inputs, fp64 for fp64 ones (the float64 references of the tests)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    return (hidden @ weight.T).float() / temperature
+    return (hidden @ weight.T).to(_compute_dtype(hidden)) / temperature
 
 
 def reference_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                               temperature: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``log_softmax(h W^T / temperature)[t, targets[t]]`` and the entropy of each row, fp32 [T].
+    """``log_softmax(h W^T / temperature)[t, targets[t]]`` and the entropy of each row, fp32 [T]
+    (fp64 for fp64 inputs).
 
     A target outside ``[0, V)`` (e.g. -100 padding) gets log-prob 0 and no gradient.
     """
@@ -49,51 +55,93 @@ def _kl(kl_type: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(ref - logp) - (ref - logp) - 1.0
 
 
+def _ratio(logp, old, seq, settings: PolicyLossSettings):
+    """Each token's importance ratio: its own, or (GSPO) its sequence's geometric mean, as TRL's
+    ``(log_ratio * mask).sum(-1) / mask.sum(-1)`` per completion."""
+    log_ratio = logp - old
+    if settings.log_ratio_clip is not None:
+        log_ratio = torch.clamp(log_ratio, -settings.log_ratio_clip, settings.log_ratio_clip)
+    if settings.importance_sampling == "sequence":
+        per_seq = {int(s): log_ratio[seq == s].mean() for s in torch.unique(seq)}
+        log_ratio = torch.stack([per_seq[int(s)] for s in seq]) if len(seq) else log_ratio
+    return torch.exp(log_ratio)
+
+
+def _policy(A, ratio, logp, settings: PolicyLossSettings):
+    """(pg, clipped, clipped below, clipped above) per token, by the objective's published formula."""
+    lo, hi = 1 - settings.clip_low, 1 + settings.clip_high
+    none = torch.zeros_like(A, dtype=torch.bool)
+    if settings.objective == "cispo":  # MiniMax-M1: REINFORCE with a clipped, stopped IS weight
+        cap = settings.cispo_cap
+        high = (ratio > cap) & (A > 0)
+        return -torch.clamp(ratio, max=cap).detach() * A * logp, high, none, high
+    if settings.objective == "sapo":  # soft adaptive policy optimisation's sigmoid gate
+        tau = torch.where(A > 0, torch.full_like(A, settings.sapo_temperatures[0]),
+                          torch.full_like(A, settings.sapo_temperatures[1]))
+        return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * A, none, none, none
+    pg1 = -A * ratio
+    pg2 = -A * torch.clamp(ratio, lo, hi)
+    pg = torch.maximum(pg1, pg2)
+    if settings.dual_clip is not None:
+        pg = torch.where(A < 0, torch.minimum(pg, -A * settings.dual_clip), pg)
+    return pg, pg2 > pg1, (ratio < lo) & (A < 0), (ratio > hi) & (A > 0)
+
+
+def _ones_or(x, mask, like):
+    return x[mask].to(like.dtype) if x is not None else torch.ones_like(like)
+
+
 def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings,
                           normalizer=None) -> Tuple[torch.Tensor, Dict[int, Dict[str, torch.Tensor]]]:
-    """The role-aware PPO/OPD loss by plain autograd (see ``mopd_kernels.terms`` for the maths).
+    """The policy loss by plain autograd (see ``mopd_kernels.terms`` for the maths).
 
     Same arguments as ``fused_linear_policy_loss`` (``settings.backend`` and ``chunk_rows`` are not
-    used), without its argument checks.
+    used), without its argument checks. A sequence's ratio (GSPO) is over all its trained tokens,
+    whatever their role.
     """
-    roles, old_logp, advantages = inputs.roles, inputs.old_logp, inputs.advantages
+    roles, advantages = inputs.roles, inputs.advantages
     teacher_logp, ref_logp = inputs.teacher_logp, inputs.ref_logp
-    clip_low, clip_high, dual_clip = settings.clip_low, settings.clip_high, settings.dual_clip
-    temperature = settings.temperature
-    logp_all, entropy_all = reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
-    old_all = old_logp.float()
+    logp_all, entropy_all = reference_linear_logprobs(hidden, weight, targets, temperature=settings.temperature)
+    cd = logp_all.dtype
+    old_all = inputs.old_logp.to(cd) if inputs.old_logp is not None else logp_all.detach()
+    trained = roles >= 0
+    seq_all = inputs.sequence_ids if inputs.sequence_ids is not None else torch.zeros_like(roles)
+    ratio_trained = _ratio(logp_all[trained], old_all[trained], seq_all[trained], settings)
+    ratio_all = torch.ones_like(logp_all).masked_scatter(trained, ratio_trained)
     total = (logp_all * 0.0).sum()  # keeps the graph connected when no token is trained
     stats: Dict[int, Dict[str, torch.Tensor]] = {}
     for r, spec in enumerate(settings.role_specs):
         mask = roles == r
-        logp, entropy, old = logp_all[mask], entropy_all[mask], old_all[mask]
+        logp, entropy, old, ratio = logp_all[mask], entropy_all[mask], old_all[mask], ratio_all[mask]
         if spec.advantage == "opd":
-            A = spec.opd_coef * (teacher_logp.float()[mask] - old)
+            A = spec.opd_coef * (teacher_logp.to(cd)[mask] - old)
         else:
-            A = advantages.float()[mask]
-        ratio = torch.exp(logp - old)
-        pg1 = -A * ratio
-        pg2 = -A * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-        pg = torch.maximum(pg1, pg2)
-        if dual_clip is not None:
-            pg = torch.where(A < 0, torch.minimum(pg, -A * dual_clip), pg)
-        token_loss = spec.pg_coef * pg - spec.entropy_coef * entropy
+            A = advantages.to(cd)[mask]
+        pg, clipped, clipped_low, clipped_high = _policy(A, ratio, logp, settings)
+        w = _ones_or(inputs.weights, mask, logp)
+        v = _ones_or(inputs.entropy_weights, mask, logp) if inputs.entropy_weights is not None else w
+        main = spec.pg_coef * pg * _ones_or(inputs.pg_scale, mask, logp)
         kl = torch.zeros_like(logp)
         if ref_logp is not None:
-            kl = _kl(spec.kl_type, logp, ref_logp.float()[mask])
+            kl = _kl(spec.kl_type, logp, ref_logp.to(cd)[mask])
+            if settings.kl_bias_correction:
+                kl = kl * ratio
             if spec.kl_coef != 0:
-                token_loss = token_loss + spec.kl_coef * kl
+                main = main + spec.kl_coef * kl
+        token_loss = w * main - v * spec.entropy_coef * entropy
         total = total + token_loss.sum()
         n = int(mask.sum())
         d = max(n, 1)
         with torch.no_grad():
             opd = torch.tensor(0.0)
             if teacher_logp is not None:
-                opd = (teacher_logp.float()[mask] - old).sum() / d
+                opd = (teacher_logp.to(cd)[mask] - old).sum() / d
             stats[r] = {
                 "tokens": torch.tensor(float(n)),
                 "advantage_mean": A.sum() / d,
-                "clip_frac": (pg2 > pg1).float().sum() / d,
+                "clip_frac": clipped.to(cd).sum() / d,
+                "clip_low_frac": clipped_low.to(cd).sum() / d,
+                "clip_high_frac": clipped_high.to(cd).sum() / d,
                 "approx_kl": (old - logp).sum() / d,
                 "entropy_mean": entropy.sum() / d,
                 "opd_log_ratio": opd,
@@ -101,5 +149,5 @@ def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings:
                 "kl": kl.sum() / d,
             }
     if normalizer is None:
-        normalizer = max(int((roles >= 0).sum()), 1)
+        normalizer = 1.0 if inputs.weights is not None else max(int((roles >= 0).sum()), 1)
     return total / normalizer, stats

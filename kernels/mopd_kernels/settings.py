@@ -2,19 +2,30 @@
 
 ``PolicyLossSettings`` is to ``fused_linear_policy_loss`` what the ``__init__`` arguments of a Liger
 loss module are to its ``forward``: everything that stays fixed over a run (the role table, the
-PPO clip range, the sampling temperature, the backend and its chunking). The per-micro-batch
-tensors travel separately (``LossInputs`` and the lm-head's hidden, weight and targets), as does the
-per-mini-batch ``normalizer``.
+objective and its clip range, the sampling temperature, the backend and its chunking). The
+per-micro-batch tensors travel separately (``LossInputs`` and the lm-head's hidden, weight and
+targets), as does the per-mini-batch ``normalizer``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from mopd_kernels import roles
 from mopd_kernels.roles import RoleSpec, check_backend, check_clip, check_role_specs, check_temperature
+
+OBJECTIVES = ("ppo", "cispo", "sapo")
+"""The policy-gradient term of a token (``mopd_kernels.terms``): PPO's clipped surrogate (GRPO, DAPO,
+Dr. GRPO, GSPO, verl's ``vanilla``), CISPO's clipped-weight REINFORCE, SAPO's soft gate."""
+
+IMPORTANCE_SAMPLING = ("token", "sequence")
+"""The ratio a token's term uses: its own ``exp(logp - old_logp)``, or its sequence's
+``exp(mean over the sequence of logp - old_logp)`` (GSPO)."""
+
+MATMUL_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,26 @@ class PolicyLossSettings:
     chunk_rows: int | None = None
     """Rows per chunk of the lm-head passes; None: the default sizing (``chunked.chunk_rows_for``: on
     CPU from the shape, on CUDA from a 512 MiB budget, or ``MOPD_KERNELS_CHUNK_MB`` when set)."""
+    objective: str = "ppo"
+    """The policy-gradient term: ``ppo`` (clipped surrogate), ``cispo`` (``-sg(min(ratio,
+    cispo_max_weight)) A logp``) or ``sapo`` (``-A sigmoid(tau (ratio - 1)) 4 / tau``)."""
+    importance_sampling: str = "token"
+    """``token`` or ``sequence`` (GSPO: every token of a sequence takes the sequence's geometric-mean
+    ratio; needs ``LossInputs.sequence_ids``; costs one more lm-head matmul: all log-probs are needed
+    before any gradient)."""
+    kl_bias_correction: bool = False
+    """Multiply each token's KL term by its importance ratio (TRL's ``use_bias_correction_kl``)."""
+    log_ratio_clip: float | None = None
+    """Clamp ``logp - old_logp`` to ``[-c, c]`` before the exponential (verl clamps at 20). None: off."""
+    cispo_max_weight: float | None = None
+    """CISPO's cap on the (detached) ratio (TRL's ``epsilon_high`` for ``loss_type="cispo"``).
+    None: ``1 + clip_high``."""
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05)
+    """SAPO's gate temperatures for positive and negative advantages (TRL's defaults)."""
+    matmul_dtype: torch.dtype | None = None
+    """The dtype of the lm-head matmul: hidden and weight are cast to it (differentiably) when they
+    differ. None: the autocast dtype when autocast is on for the device, else their own dtype (they
+    must then agree). Softmax and loss arithmetic is fp32 whatever it is."""
 
     def __post_init__(self):
         check_role_specs(self.role_specs)
@@ -47,6 +78,24 @@ class PolicyLossSettings:
         if self.chunk_rows is not None and (isinstance(self.chunk_rows, bool)
                                             or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1):
             raise ValueError(f"chunk_rows={self.chunk_rows!r} must be a positive int (or None)")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: choose one of {OBJECTIVES}")
+        if self.importance_sampling not in IMPORTANCE_SAMPLING:
+            raise ValueError(f"importance_sampling={self.importance_sampling!r}: choose one of {IMPORTANCE_SAMPLING}")
+        if not isinstance(self.kl_bias_correction, bool):
+            raise ValueError(f"kl_bias_correction={self.kl_bias_correction!r} must be a bool")
+        for name in ("log_ratio_clip", "cispo_max_weight"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name}={value!r} must be a positive number (or None)")
+        temps = tuple(self.sapo_temperatures)
+        if len(temps) != 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                      and math.isfinite(t) and t > 0 for t in temps):
+            raise ValueError(f"sapo_temperatures={self.sapo_temperatures!r} must be two positive numbers")
+        object.__setattr__(self, "sapo_temperatures", temps)
+        if self.matmul_dtype not in MATMUL_DTYPES:
+            raise ValueError(f"matmul_dtype={self.matmul_dtype!r}: choose one of {MATMUL_DTYPES}")
 
     @property
     def n_roles(self) -> int:
@@ -56,6 +105,15 @@ class PolicyLossSettings:
     def role_names(self) -> list[str]:
         """Each role's ``name``, or ``role<r>`` where it has none (labels for ``stats_to_floats``)."""
         return [s.name or f"role{r}" for r, s in enumerate(self.role_specs)]
+
+    @property
+    def cispo_cap(self) -> float:
+        return self.cispo_max_weight if self.cispo_max_weight is not None else 1.0 + self.clip_high
+
+    @property
+    def per_sequence(self) -> bool:
+        """The loss couples a sequence's tokens: all its log-probs are needed before any gradient."""
+        return self.importance_sampling == "sequence"
 
     @property
     def has_entropy_term(self) -> bool:

@@ -1,24 +1,32 @@
-"""Per-token loss terms of the role-aware PPO/OPD loss, and the per-role stats (pure torch, [n] vectors).
+"""Per-token loss terms of the policy loss, their gradients, and the per-role stats (pure torch, [n]).
 
-For a trained token t of role r (its spec's columns gathered from the role table):
+This module is the one place where the loss is written down. Every backend (the chunked torch
+pass, the compiled CPU pass, the Triton kernels) computes ``logp_t`` and the entropy ``H_t`` of each
+trained token from the logits, hands them here, and gets back the token losses and the two
+scalars its logits gradient needs; the Triton kernels hold no loss formula. For a trained token t of
+role r (its spec's columns gathered from the role table):
 
-    A_t   = advantages[t]                                  outcome role
-          = opd_coef * (teacher_logp[t] - old_logp[t])     OPD role
-    ratio = exp(logp_t - old_logp[t])
-    pg_t  = max(-A ratio, -A clip(ratio, 1 - clip_low, 1 + clip_high))
-            and, with dual clip c and A < 0, min(pg_t, -A c)
-    kl_t  = k1: logp - ref | k2: (logp - ref)^2 / 2 | k3: exp(ref - logp) - (ref - logp) - 1
-    loss_t = pg_coef pg_t - entropy_coef H_t + kl_coef kl_t
+    A_t     = advantages[t]                                  outcome role
+            = opd_coef * (teacher_logp[t] - old_logp[t])     OPD role
+    rho_t   = exp(logp_t - old_logp[t])                      token-level importance sampling
+            = exp(mean_{s in seq(t)} (logp_s - old_logp[s])) sequence level (GSPO)
+              (old_logp None: the detached logp, so rho = 1 with rho's gradient; the log-ratio may be
+              clamped to [-c, c] first, as verl does)
+    pg_t    = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)), capped at -A c for A < 0
+              with dual clip c                                                 objective "ppo"
+            = -sg(min(rho, cap)) A logp_t                                      objective "cispo"
+            = -A sigmoid(tau (rho - 1)) 4 / tau, tau by the sign of A          objective "sapo"
+    kl_t    = k1: logp - ref | k2: (logp - ref)^2 / 2 | k3: exp(ref - logp) - (ref - logp) - 1,
+              times rho_t with ``kl_bias_correction``
+    loss_t  = w_t (pg_coef s_t pg_t + kl_coef kl_t) - v_t entropy_coef H_t
 
-The loss depends on the logits only through logp_t and H_t, so its gradient is two scalars per
-token: ``g_logp = d loss_t / d logp_t`` and ``g_H = d loss_t / d H_t = -entropy_coef``, with
-    d pg / d logp = -A ratio  when the unclipped branch is taken (pg1 >= pg2) and the dual clip is not,
-                    0         otherwise (the clipped branch and the dual-clip cap are constant in logp);
-    d k1 / d logp = 1,  d k2 / d logp = logp - ref,  d k3 / d logp = 1 - exp(ref - logp).
-A coefficient of 0 switches its term off exactly (no 0 * inf = NaN from an extreme log-prob).
+with ``w = weights``, ``s = pg_scale``, ``v = entropy_weights`` (1, 1 and ``w`` when absent).
 
-The torch row pass uses ``g_logp``/``g_H`` to form the logits gradient; every backend uses
-``loss_t`` and the per-token stats from here, after its kernels have produced logp_t and H_t.
+The loss depends on the logits only through ``logp`` and ``H``, so its logits gradient needs only
+``g_logp = d loss / d logp_t`` and ``g_H = d loss / d H_t`` per token. They are taken by autograd
+through the formulas above, on ``[n]`` vectors (no logits in that graph), so a new objective or
+estimator is its forward formula and nothing else. A coefficient of 0 switches its term off exactly:
+its tokens' ``logp`` enters that term detached, so an extreme log-prob gives no 0 * inf = NaN.
 """
 
 from __future__ import annotations
@@ -31,64 +39,139 @@ from mopd_kernels.inputs import LossInputs
 from mopd_kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
 from mopd_kernels.settings import PolicyLossSettings
 
-STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "approx_kl", "entropy_mean", "opd_log_ratio",
-              "pg_loss", "kl")
+STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "clip_low_frac", "clip_high_frac", "approx_kl",
+              "entropy_mean", "opd_log_ratio", "pg_loss", "kl")
 """Per-role stats: token count; mean A_t; fraction of tokens where the clipped branch is larger
-(pg2 > pg1, verl's pg_clipfrac); mean old_logp - logp; mean H_t; mean teacher_logp - old_logp (0
-without teacher_logp); mean pg_t; mean kl_t (0 without ref_logp)."""
+(pg2 > pg1, verl's pg_clipfrac); fractions clipped below (rho < 1 - clip_low, A < 0) and above
+(rho > 1 + clip_high, or the CISPO cap, A > 0), TRL's clip_ratio/low_mean and high_mean; mean
+old_logp - logp; mean H_t; mean teacher_logp - old_logp (0 without teacher_logp); mean pg_t; mean
+kl_t (0 without ref_logp). Unweighted means over the role's tokens."""
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""Schulman's estimators of KL(pi || ref) from one sample, by ``RoleSpec.kl_type`` index."""
 
 
 def _coef_times(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(coef != 0, coef * x, torch.zeros_like(x))
 
 
-def token_terms(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
+def _gated(coef: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """``logp`` where ``coef != 0``, its detached value elsewhere (same values, no gradient path)."""
+    return torch.where(coef != 0, logp, logp.detach())
+
+
+def sequence_mean(x: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's mean of ``x`` over the tokens of its sequence, ``[n]`` (differentiable)."""
+    _, inverse = torch.unique(sequence_ids, return_inverse=True)
+    n_seq = int(inverse.max()) + 1 if inverse.numel() else 0
+    sums = torch.zeros(n_seq, dtype=x.dtype, device=x.device).index_add(0, inverse, x)
+    counts = torch.zeros(n_seq, dtype=x.dtype, device=x.device).index_add(0, inverse, torch.ones_like(x))
+    return (sums / counts)[inverse]
+
+
+def kl_estimate(kl_type: torch.Tensor, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """The ``kl_type``-th estimator of ``KL_ESTIMATORS`` per token (0: k1, 1: k2, 2: k3). The
+    exponential only sees k3 tokens, so another estimator's extreme log-ratio cannot overflow it."""
+    delta = ref - logp
+    k3_delta = torch.where(kl_type == 2, delta, torch.zeros_like(delta))
+    k3 = torch.exp(k3_delta) - k3_delta - 1.0
+    return torch.where(kl_type == 0, -delta, torch.where(kl_type == 1, 0.5 * delta * delta, k3))
+
+
+def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,
+                     settings: PolicyLossSettings) -> torch.Tensor:
+    """``rho_t``: the token's or its sequence's ratio (see the module docstring)."""
+    log_ratio = logp - old
+    if settings.log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-settings.log_ratio_clip, settings.log_ratio_clip)
+    if settings.per_sequence:
+        log_ratio = sequence_mean(log_ratio, inputs.sequence_ids)
+    return torch.exp(log_ratio)
+
+
+def policy_term(A: torch.Tensor, ratio: torch.Tensor, logp: torch.Tensor,
                 settings: PolicyLossSettings) -> Dict[str, torch.Tensor]:
-    """Loss, gradient scalars and stat inputs of trained tokens, fp32 [n] each.
+    """``pg_t`` of the settings' objective and its clip indicators (fp32 [n] each)."""
+    zeros = torch.zeros_like(ratio)
+    if settings.objective == "cispo":
+        cap = settings.cispo_cap
+        pg = -ratio.clamp(max=cap).detach() * A * logp
+        high = ((ratio > cap) & (A > 0)).to(torch.float32)
+        return {"pg": pg, "clipped": high, "clipped_low": zeros, "clipped_high": high}
+    if settings.objective == "sapo":
+        t_pos, t_neg = settings.sapo_temperatures
+        tau = torch.where(A > 0, torch.full_like(A, t_pos), torch.full_like(A, t_neg))
+        pg = -A * torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+        return {"pg": pg, "clipped": zeros, "clipped_low": zeros, "clipped_high": zeros}
+    lo, hi = 1.0 - settings.clip_low, 1.0 + settings.clip_high
+    pg1 = -A * ratio
+    pg2 = -A * ratio.clamp(lo, hi)
+    pg = torch.maximum(pg1, pg2)
+    if settings.dual_clip is not None:
+        cap = -A * settings.dual_clip
+        pg = torch.where((A < 0) & (pg > cap), cap, pg)
+    return {"pg": pg, "clipped": (pg2 > pg1).to(torch.float32),
+            "clipped_low": ((ratio < lo) & (A < 0)).to(torch.float32),
+            "clipped_high": ((ratio > hi) & (A > 0)).to(torch.float32)}
+
+
+def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
+                 settings: PolicyLossSettings) -> Dict[str, torch.Tensor]:
+    """The forward formulas: ``loss_t`` and the stat inputs of trained tokens, fp32 [n] each.
 
     ``logp``, ``entropy`` and every tensor of ``inputs`` are [n], over trained tokens only
-    (``inputs.roles >= 0``); ``inputs``' values are fp32.
+    (``inputs.roles >= 0``), values fp32 and detached (``LossInputs.for_kernels``); ``logp`` and
+    ``entropy`` may require grad (``token_terms`` differentiates this).
     """
-    old_logp, advantages, teacher_logp, ref_logp = (inputs.old_logp, inputs.advantages, inputs.teacher_logp,
-                                                    inputs.ref_logp)
-    clip_low, clip_high, dual_clip = settings.clip_low, settings.clip_high, settings.dual_clip
     spec = settings.role_table(logp.device)[inputs.roles.long()]
-    A = advantages
-    if teacher_logp is not None:
-        A = torch.where(spec[:, COL_IS_OPD] != 0, spec[:, COL_OPD_COEF] * (teacher_logp - old_logp), A)
-    ratio = torch.exp(logp - old_logp)
-    pg1 = -A * ratio
-    pg2 = -A * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    pg = torch.maximum(pg1, pg2)
-    dpg = torch.where(pg1 >= pg2, pg1, torch.zeros_like(pg1))
-    if dual_clip is not None:
-        cap = -A * dual_clip
-        capped = (A < 0) & (pg > cap)
-        pg = torch.where(capped, cap, pg)
-        dpg = torch.where(capped, torch.zeros_like(dpg), dpg)
     pg_coef, ent_coef, kl_coef = spec[:, COL_PG_COEF], spec[:, COL_ENT_COEF], spec[:, COL_KL_COEF]
-    loss = _coef_times(pg_coef, pg) - ent_coef * entropy
-    g_logp = _coef_times(pg_coef, dpg)
+    old = inputs.old_logp if inputs.old_logp is not None else logp.detach()
+    A = inputs.advantages
+    if inputs.teacher_logp is not None:
+        A = torch.where(spec[:, COL_IS_OPD] != 0, spec[:, COL_OPD_COEF] * (inputs.teacher_logp - old), A)
+    logp_pg = _gated(pg_coef, logp)
+    ratio = importance_ratio(logp_pg, old, inputs, settings)
+    out = policy_term(A, ratio, logp_pg, settings)
+    pg = out["pg"] if inputs.pg_scale is None else out["pg"] * inputs.pg_scale
+    policy = _coef_times(pg_coef, pg)
     kl = torch.zeros_like(logp)
-    if ref_logp is not None:
-        delta = ref_logp - logp
-        kl_type = spec[:, COL_KL_TYPE]
-        exp_delta = torch.exp(delta)
-        kl = torch.where(kl_type == 0, -delta, torch.where(kl_type == 1, 0.5 * delta * delta,
-                                                           exp_delta - delta - 1.0))
-        dkl = torch.where(kl_type == 0, torch.ones_like(delta),
-                          torch.where(kl_type == 1, -delta, 1.0 - exp_delta))
-        loss = loss + _coef_times(kl_coef, kl)
-        g_logp = g_logp + _coef_times(kl_coef, dkl)
-    return {
-        "loss": loss,
-        "g_logp": g_logp,
-        "g_entropy": -ent_coef,
-        "advantage": A,
-        "clipped": (pg2 > pg1).to(torch.float32),
-        "pg": pg,
-        "kl": kl,
-    }
+    kl_term = None
+    if inputs.ref_logp is not None:
+        logp_kl = _gated(kl_coef, logp)
+        kl = kl_estimate(spec[:, COL_KL_TYPE], logp_kl, inputs.ref_logp)
+        if settings.kl_bias_correction:
+            ratio_kl = importance_ratio(logp_kl, old, inputs, settings)
+            kl = kl * ratio_kl
+        kl_term = _coef_times(kl_coef, kl)
+    if inputs.weights is None and inputs.entropy_weights is None:
+        loss = policy - ent_coef * entropy
+        if kl_term is not None:
+            loss = loss + kl_term
+    else:
+        main = policy if kl_term is None else policy + kl_term
+        w = inputs.weights
+        v = inputs.entropy_weights if inputs.entropy_weights is not None else w
+        loss = (main if w is None else main * w) - (ent_coef * entropy if v is None else ent_coef * entropy * v)
+    out.update(loss=loss, advantage=A, kl=kl, old=old)
+    return out
+
+
+def token_terms(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs, settings: PolicyLossSettings,
+                need_grad: bool = True) -> Dict[str, torch.Tensor]:
+    """``token_losses``' values (detached) and, with ``need_grad``, the gradient scalars
+    ``g_logp = d sum(loss) / d logp_t`` and ``g_entropy = d sum(loss) / d H_t`` (fp32 [n] each)."""
+    if not need_grad:
+        with torch.no_grad():
+            return token_losses(logp, entropy, inputs, settings)
+    with torch.enable_grad():
+        lp = logp.detach().requires_grad_(True)
+        ent = entropy.detach().requires_grad_(True)
+        out = token_losses(lp, ent, inputs, settings)
+        g_logp, g_ent = torch.autograd.grad(out["loss"].sum(), (lp, ent), allow_unused=True)
+    out = {k: v.detach() for k, v in out.items()}
+    out["g_logp"] = g_logp if g_logp is not None else torch.zeros_like(logp)
+    out["g_entropy"] = g_ent if g_ent is not None else torch.zeros_like(logp)
+    return out
 
 
 def role_stats(terms: Dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
@@ -98,10 +181,11 @@ def role_stats(terms: Dict[str, torch.Tensor], logp: torch.Tensor, entropy: torc
     Returns ``{r: {name: 0-d fp32 tensor}}`` for every role ``r`` in ``range(n_roles)``; means over
     a role without tokens are 0.
     """
-    old_logp, teacher_logp = inputs.old_logp, inputs.teacher_logp
+    old_logp, teacher_logp = terms["old"], inputs.teacher_logp
     opd_ratio = teacher_logp - old_logp if teacher_logp is not None else torch.zeros_like(logp)
-    columns = torch.stack([torch.ones_like(logp), terms["advantage"], terms["clipped"], old_logp - logp,
-                           entropy, opd_ratio, terms["pg"], terms["kl"]], dim=1)
+    columns = torch.stack([torch.ones_like(logp), terms["advantage"], terms["clipped"], terms["clipped_low"],
+                           terms["clipped_high"], old_logp - logp, entropy, opd_ratio, terms["pg"],
+                           terms["kl"]], dim=1)
     sums = torch.zeros(n_roles, len(STAT_NAMES), dtype=torch.float32, device=logp.device)
     sums.index_add_(0, inputs.roles.long(), columns.float())
     count = sums[:, :1]

@@ -9,11 +9,12 @@ the only ``[C, V]`` memory.
 - ``_row_softmax_stats``: one online pass over the row, ``BLOCK_V`` logits at a time, keeping the
   running max ``m``, ``d = sum exp(x - m)`` and ``sum exp(x - m) (x - m)`` (rescaled when ``m``
   grows), with ``x = z / temperature``; then ``lse = m + log d``, ``H = log d - sum e (x - m) / d``.
-- ``_policy_loss_kernel``: that pass, then the token's PPO/OPD/KL scalars ``g_logp``, ``g_H`` from
-  its log-prob and entropy (same maths as ``terms.token_terms``), then a second pass that
-  overwrites the row with ``dlogits_j = p_j (-g_logp - g_H (log p_j + H)) + g_logp [j == y]``.
-- ``_logprobs_fwd_kernel`` / ``_logprobs_bwd_kernel``: the scoring pass, and the gradient pass of
-  ``linear_logprobs`` from saved ``lse`` and ``H`` and the upstream gradients.
+- ``_logprobs_fwd_kernel``: that pass per row: log-prob of the target, entropy, lse.
+- ``_logprobs_bwd_kernel``: from the saved ``lse`` and ``H`` and two scalars per row ``g_logp``,
+  ``g_H``, overwrites the row with ``dlogits_j = p_j (-g_logp - g_H (log p_j + H)) + g_logp [j == y]``.
+
+The policy loss is these two kernels around the token terms of ``terms`` (torch, on ``[C]``
+vectors): the loss formulas live there only, and every objective runs on the GPU as on the CPU.
 
 This module imports triton at import time; ``mopd_kernels`` imports it only when the Triton
 backend is chosen, so the package works where triton is absent.
@@ -28,26 +29,60 @@ import torch
 import triton
 import triton.language as tl
 
+from mopd_kernels.terms import token_terms
+
 # Launch configuration: (BLOCK_V, num_warps) by device kind; overridable for tuning.
 _LAUNCH = {"block_v": None, "num_warps": None}
 
 
+BLOCK_V_RANGE = (64, 65536)
+"""``BLOCK_V`` must be a power of two in this range (a block is one vector of a program's registers)."""
+WARPS = (1, 2, 4, 8, 16, 32)
+
+
+def check_launch_config(block_v: Optional[int], num_warps: Optional[int], source: str = "") -> None:
+    """ValueError naming ``source`` (an environment variable, or the argument) for a bad value."""
+    lo, hi = BLOCK_V_RANGE
+    if block_v is not None and (not isinstance(block_v, int) or isinstance(block_v, bool) or block_v < lo
+                                or block_v > hi or block_v & (block_v - 1)):
+        raise ValueError(f"{source or 'block_v'}={block_v!r} must be a power of two in [{lo}, {hi}]")
+    if num_warps is not None and num_warps not in WARPS:
+        raise ValueError(f"{source or 'num_warps'}={num_warps!r} must be one of {WARPS}")
+
+
 def set_launch_config(block_v: Optional[int] = None, num_warps: Optional[int] = None) -> None:
     """Fix ``BLOCK_V`` (a power of two) and ``num_warps`` for the row kernels (None: automatic)."""
-    if block_v is not None and (block_v <= 0 or block_v & (block_v - 1)):
-        raise ValueError(f"block_v={block_v} must be a power of two")
+    check_launch_config(block_v, None)
+    check_launch_config(None, num_warps)
     _LAUNCH["block_v"] = block_v
     _LAUNCH["num_warps"] = num_warps
 
 
+def _env_int(name: str) -> Optional[int]:
+    raw = os.environ.get(name, "").strip()
+    if not raw or raw == "0":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be an integer") from None
+    if name.endswith("BLOCK_V"):
+        check_launch_config(value, None, name)
+    else:
+        check_launch_config(None, value, name)
+    return value
+
+
 def launch_config(V: int, device: torch.device) -> Tuple[int, int]:
-    block = _LAUNCH["block_v"] or int(os.environ.get("MOPD_KERNELS_BLOCK_V", "0"))
-    warps = _LAUNCH["num_warps"] or int(os.environ.get("MOPD_KERNELS_NUM_WARPS", "0"))
+    """``(BLOCK_V, num_warps)`` of the row kernels: ``set_launch_config``'s, else
+    ``MOPD_KERNELS_BLOCK_V`` / ``MOPD_KERNELS_NUM_WARPS`` (checked), else the default."""
+    block = _LAUNCH["block_v"] or _env_int("MOPD_KERNELS_BLOCK_V")
+    warps = _LAUNCH["num_warps"] or _env_int("MOPD_KERNELS_NUM_WARPS")
     if device.type != "cuda":  # interpreter: big blocks, few Python-level iterations
         block = block or min(triton.next_power_of_2(V), 1024)
         return block, warps or 4
-    # 4096 x 8 warps: ~78 registers and no spills for every kernel (sm_90, checked by the tests),
-    # so three programs fit on an SM; bench/gpu_check.sh sweeps the alternatives on the GPU.
+    # 4096 x 8 warps: no spills for either kernel (sm_80 and sm_90, checked by the tests), so three
+    # programs fit on an SM; bench/gpu_check.sh sweeps the alternatives on the GPU.
     block = block or min(triton.next_power_of_2(V), 4096)
     return block, warps or (8 if block >= 4096 else 4)
 
@@ -100,39 +135,6 @@ def _row_target_logit(row_ptr, targets_ptr, row, V, inv_t):
     return tl.where(valid, y, -1), tl.where(valid, x_y, 0.0), valid
 
 
-@triton.jit
-def _token_grad_scalars(logp, row, old_ptr, adv_ptr, role_ptr, table_ptr, teacher_ptr, ref_ptr,
-                        clip_low, clip_high, dual_clip,
-                        HAS_TEACHER: tl.constexpr, HAS_REF: tl.constexpr, HAS_DUAL: tl.constexpr):
-    """d loss_t / d logp_t and d loss_t / d H_t of one trained token (maths in ``terms``)."""
-    r = tl.load(role_ptr + row).to(tl.int64)
-    spec = table_ptr + r * 8  # roles.ROLE_FIELDS columns: is_opd, opd, pg, ent, kl, kl_type
-    is_opd = tl.load(spec + 0)
-    opd_coef = tl.load(spec + 1)
-    pg_coef = tl.load(spec + 2)
-    ent_coef = tl.load(spec + 3)
-    kl_coef = tl.load(spec + 4)
-    kl_type = tl.load(spec + 5)
-    old = tl.load(old_ptr + row)
-    A = tl.load(adv_ptr + row)
-    if HAS_TEACHER:
-        teacher = tl.load(teacher_ptr + row)
-        A = tl.where(is_opd != 0, opd_coef * (teacher - old), A)
-    ratio = tl.exp(logp - old)
-    pg1 = -A * ratio
-    pg2 = -A * tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
-    dpg = tl.where(pg1 >= pg2, pg1, 0.0)
-    if HAS_DUAL:
-        pg = tl.maximum(pg1, pg2)
-        dpg = tl.where((A < 0) & (pg > -A * dual_clip), 0.0, dpg)
-    g_logp = tl.where(pg_coef != 0, pg_coef * dpg, 0.0)
-    if HAS_REF:
-        delta = tl.load(ref_ptr + row) - logp
-        dkl = tl.where(kl_type == 0, 1.0, tl.where(kl_type == 1, -delta, 1.0 - tl.exp(delta)))
-        g_logp += tl.where(kl_coef != 0, kl_coef * dkl, 0.0)
-    return g_logp, -ent_coef
-
-
 # ---------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------
@@ -165,31 +167,6 @@ def _logprobs_bwd_kernel(z_ptr, stride_z, targets_ptr, lse_ptr, ent_ptr, g_logp_
     _row_write_grad(row_ptr, V, inv_t, lse, -g_logp - g_H * H, -g_H, y, g_logp, BLOCK_V)
 
 
-@triton.jit
-def _policy_loss_kernel(z_ptr, stride_z, targets_ptr, old_ptr, adv_ptr, role_ptr, table_ptr, teacher_ptr,
-                        ref_ptr, logp_ptr, ent_ptr, V, inv_t, clip_low, clip_high, dual_clip,
-                        HAS_TEACHER: tl.constexpr, HAS_REF: tl.constexpr, HAS_DUAL: tl.constexpr,
-                        WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = z_ptr + row * stride_z
-    m, d, s = _row_softmax_stats(row_ptr, V, inv_t, BLOCK_V)
-    log_d = tl.log(d)
-    H = log_d - s / d
-    y, x_y, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t)
-    logp = tl.where(valid, x_y - m - log_d, 0.0)
-    tl.store(logp_ptr + row, logp)
-    tl.store(ent_ptr + row, H)
-    if WRITE_GRAD:
-        g_logp, g_H = _token_grad_scalars(logp, row, old_ptr, adv_ptr, role_ptr, table_ptr, teacher_ptr,
-                                          ref_ptr, clip_low, clip_high, dual_clip,
-                                          HAS_TEACHER, HAS_REF, HAS_DUAL)
-        g_logp = tl.where(valid, g_logp, 0.0)
-        # p_j = exp(x_j - m) / d, log p_j = (x_j - m) - log d
-        inv_d = 1.0 / d
-        coef_a = (-g_logp - g_H * (H - log_d)) * inv_d
-        _row_write_grad(row_ptr, V, inv_t, m, coef_a, -g_H * inv_d, y, g_logp, BLOCK_V)
-
-
 # ---------------------------------------------------------------------------------------------
 # The row pass used by the chunk loops in ``chunked``
 # ---------------------------------------------------------------------------------------------
@@ -220,18 +197,14 @@ class TritonRowPass:
         return z
 
     def policy_loss(self, z, targets, inputs, settings, out_logp, out_entropy, write_grad):
-        """The fused row kernel on a chunk: ``inputs`` (a ``LossInputs``) are the chunk's rows,
-        ``settings`` the ``PolicyLossSettings``; the gradient overwrites ``z`` (returned)."""
-        c, V = z.shape
-        block, warps = launch_config(V, z.device)
-        teacher, ref, dual = inputs.teacher_logp, inputs.ref_logp, settings.dual_clip
-        _policy_loss_kernel[(c,)](
-            z, z.stride(0), targets, inputs.old_logp, inputs.advantages, inputs.roles,
-            settings.role_table(z.device),
-            teacher if teacher is not None else inputs.old_logp,
-            ref if ref is not None else inputs.old_logp,
-            out_logp, out_entropy, V, 1.0 / settings.temperature, float(settings.clip_low),
-            float(settings.clip_high), float(dual) if dual is not None else 0.0,
-            HAS_TEACHER=teacher is not None, HAS_REF=ref is not None,
-            HAS_DUAL=dual is not None, WRITE_GRAD=bool(write_grad), BLOCK_V=block, num_warps=warps)
-        return z if write_grad else None
+        """The loss's row pass on a chunk: the statistics kernel, the token terms and their gradient
+        scalars in torch (``terms``, on ``[C]`` vectors: the kernels hold no loss formula), then the
+        gradient kernel; ``inputs`` (a ``LossInputs``) are the chunk's rows, ``settings`` the
+        ``PolicyLossSettings``. The gradient overwrites ``z`` (returned)."""
+        inv_t = 1.0 / settings.temperature
+        lse = torch.empty_like(out_logp)
+        self.stats(z, targets, inv_t, out_logp, out_entropy, lse)
+        if not write_grad:
+            return None
+        t = token_terms(out_logp, out_entropy, inputs, settings)
+        return self.logprobs_grad(z, targets, inv_t, lse, out_entropy, t["g_logp"], t["g_entropy"])

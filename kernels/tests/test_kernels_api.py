@@ -116,25 +116,68 @@ def test_stats_layout_and_flattening():
     assert len(flat) == 2 * len(STAT_NAMES)
 
 
+def _hand_derived_ppo_scalars(logp, entropy, inputs, specs, clip_low, clip_high, dual):
+    """The PPO/KL gradient scalars written out by hand (the kernels' formula until they took them by
+    autograd): d pg / d logp = -A ratio on the unclipped branch, 0 on the clipped one and under the
+    dual-clip cap; d k1 = 1, d k2 = logp - ref, d k3 = 1 - exp(ref - logp)."""
+    A = inputs.advantages.clone()
+    for r, spec in enumerate(specs):
+        m = inputs.roles == r
+        if spec.is_opd:
+            A[m] = spec.opd_coef * (inputs.teacher_logp[m] - inputs.old_logp[m])
+    ratio = torch.exp(logp - inputs.old_logp)
+    pg1, pg2 = -A * ratio, -A * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    dpg = torch.where(pg1 >= pg2, pg1, torch.zeros_like(pg1))
+    if dual is not None:
+        dpg = torch.where((A < 0) & (torch.maximum(pg1, pg2) > -A * dual), torch.zeros_like(dpg), dpg)
+    g_logp, g_ent = torch.zeros_like(logp), torch.zeros_like(logp)
+    for r, spec in enumerate(specs):
+        m = inputs.roles == r
+        g = spec.pg_coef * dpg[m] if spec.pg_coef != 0 else torch.zeros_like(dpg[m])
+        if inputs.ref_logp is not None and spec.kl_coef != 0:
+            delta = inputs.ref_logp[m] - logp[m]
+            dkl = {"k1": torch.ones_like(delta), "k2": -delta, "k3": 1.0 - torch.exp(delta)}[spec.kl_type]
+            g = g + spec.kl_coef * dkl
+        g_logp[m] = g
+        g_ent[m] = -spec.entropy_coef
+    return g_logp, g_ent
+
+
 @pytest.mark.parametrize("dual", [None, 2.0])
-def test_token_gradient_scalars_match_autograd(dual):
-    """g_logp and g_H of terms.token_terms are the derivatives of its loss (all branches)."""
+def test_token_gradient_scalars_match_the_hand_derived_formulas(dual):
+    """g_logp and g_H of terms.token_terms (autograd through the loss formulas) are the hand-derived
+    derivatives, on every branch: clipped and not, dual clip, OPD, each KL estimator, a 0 coefficient."""
     n = 400
     g = torch.Generator().manual_seed(1)
     specs = [RoleSpec("outcome", entropy_coef=0.3, kl_coef=0.7, kl_type=k) for k in ("k1", "k2", "k3")]
     specs += [RoleSpec("opd", opd_coef=0.5, kl_coef=0.2, kl_type="k3"), RoleSpec("outcome", pg_coef=0.0)]
-    logp = (-3 * torch.rand(n, generator=g, dtype=torch.float64)).float().requires_grad_(True)
-    ent = (5 * torch.rand(n, generator=g)).requires_grad_(True)
-    old = logp.detach() + torch.randn(n, generator=g)
-    adv = torch.randn(n, generator=g)
-    role = torch.randint(0, len(specs), (n,), generator=g)
-    teacher = logp.detach() + torch.randn(n, generator=g)
-    ref = logp.detach() + torch.randn(n, generator=g)
+    logp = (-3 * torch.rand(n, generator=g, dtype=torch.float64)).float()
+    ent = 5 * torch.rand(n, generator=g)
+    old = logp + torch.randn(n, generator=g)
+    inputs = LossInputs(torch.randint(0, len(specs), (n,), generator=g), old, torch.randn(n, generator=g),
+                        logp + torch.randn(n, generator=g), logp + torch.randn(n, generator=g))
     settings = PolicyLossSettings(specs, clip_low=0.2, clip_high=0.25, dual_clip=dual)
-    terms = token_terms(logp, ent, LossInputs(role, old, adv, teacher, ref), settings)
-    d_logp, d_ent = torch.autograd.grad(terms["loss"].sum(), (logp, ent))
-    torch.testing.assert_close(terms["g_logp"], d_logp, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(terms["g_entropy"], d_ent)
+    terms = token_terms(logp, ent, inputs, settings)
+    want_logp, want_ent = _hand_derived_ppo_scalars(logp, ent, inputs, specs, 0.2, 0.25, dual)
+    torch.testing.assert_close(terms["g_logp"], want_logp, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(terms["g_entropy"], want_ent)
+    assert 0.1 < float(terms["clipped"].mean()) < 0.9
+
+
+def test_token_gradient_scalars_keep_the_published_bits():
+    """Without a KL loss term and with coefficients 1 or 0 (every tiny-world preset), autograd gives
+    the hand-derived scalars bit for bit, so the demo's published runs are unchanged."""
+    n = 1000
+    g = torch.Generator().manual_seed(5)
+    specs = [RoleSpec("outcome", entropy_coef=1e-3), RoleSpec("opd", opd_coef=0.01, entropy_coef=1e-3),
+             RoleSpec("outcome", pg_coef=0.0, entropy_coef=0.0)]
+    logp = -3 * torch.rand(n, generator=g)
+    inputs = LossInputs(torch.randint(0, 3, (n,), generator=g), logp + 0.3 * torch.randn(n, generator=g),
+                        torch.randn(n, generator=g), logp + torch.randn(n, generator=g))
+    settings = PolicyLossSettings(specs, clip_low=0.2, clip_high=0.2)
+    terms = token_terms(logp, 5 * torch.rand(n, generator=g), inputs, settings)
+    want_logp, want_ent = _hand_derived_ppo_scalars(logp, None, inputs, specs, 0.2, 0.2, None)
+    assert torch.equal(terms["g_logp"], want_logp) and torch.equal(terms["g_entropy"], want_ent)
     assert 0.1 < float(terms["clipped"].mean()) < 0.9
 
 
