@@ -47,7 +47,7 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
     report = report_runs(runs, report_dir, ReportOptions(
         names=names, reference="MultiAgent-OPD", draws=inputs.draws, seed=DEFAULT_SEED,
         validation_logs=inputs.logs, validation_labels=inputs.labels, title=title,
-        top_sections=claims_markdown(claims)))
+        top_sections=claims_markdown(claims), linked=CLAIMS[0].base))
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
         log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {_interval(c)} -> "

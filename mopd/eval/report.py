@@ -169,6 +169,9 @@ class ReportOptions:
     """The report's heading."""
     top_sections: str = ""
     """Markdown placed after the report's introduction, before the main results (the demo's claims)."""
+    linked: Optional[str] = None
+    """The system whose largest per-question differences from the reference the report links into
+    the viewer's page (default: the first other system)."""
 
 
 def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
@@ -183,7 +186,8 @@ def report_runs(run_paths: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     summary = summarize(runs, reference=reference, draws=draws, seed=seed, intersect=intersect)
     if len(summary["systems"]) > 1:   # linked to the viewer's page of the two (mopd view A B)
         a = summary["protocol"]["reference"]
-        b = next(n for n in summary["systems"] if n != a)
+        b = o.linked if o.linked in summary["systems"] and o.linked != a else \
+            next(n for n in summary["systems"] if n != a)
         summary["differences"] = {"a": a, "b": b, "datasets": largest_differences(runs[a], runs[b])}
     rows = None
     if collapse_runs:

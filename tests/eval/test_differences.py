@@ -35,3 +35,14 @@ def test_the_report_links_the_largest_differences_into_the_viewer(tmp_path):
     assert "[q4](view.html#q=e/q4) (-75)" in report
     one = report_runs([tmp_path / "opd"], tmp_path / "one", ReportOptions(draws=50, make_plots=False)).read_text()
     assert "differ most" not in one
+
+
+def test_the_linked_system_can_be_chosen(tmp_path):
+    a, b = _runs()
+    for name, recs in (("opd", a), ("base", a), ("control", b)):
+        write_records(tmp_path / name / "records.jsonl", recs)
+    runs = [tmp_path / n for n in ("opd", "base", "control")]
+    default = report_runs(runs, tmp_path / "r1", ReportOptions(draws=50, make_plots=False)).read_text()
+    assert "opd and base differ most" not in default     # identical records: nothing to link
+    chosen = report_runs(runs, tmp_path / "r2", ReportOptions(draws=50, make_plots=False, linked="control"))
+    assert "Questions where opd and control differ most" in chosen.read_text()
