@@ -2,40 +2,10 @@
 writes them (``<root>/eval/<system>/records.jsonl`` and ``run.json``), and a training run
 directory with token traces."""
 
-import json
-import re
-
 import pytest
 import torch
 
-from mopd.core.records import write_records
-from tests.helpers.prompts import field, role_of, turn_of
-from tests.helpers.workflows import run_scripted
-
-QUESTIONS = 4
-
-
-def hmas_policy(system: str):
-    """Leader: two subtasks, then selects both; Searchers search once and report; Answerer answers.
-    System "opd" answers every question right; "control" gets odd questions wrong, its Searchers of
-    question 2 report without searching, and its Leader writes an invalid action first on question 3."""
-    def respond(prompt, params):
-        role = role_of(prompt)
-        n = int(re.findall(r"band (\d+)", prompt)[-1])
-        turn = turn_of(prompt)
-        if role == "leader":
-            if system == "control" and n == 3 and turn == 1:
-                return "I will think about it"
-            return (f"<subtask>Where was band {n} formed?</subtask><subtask>Who founded band {n}?</subtask>"
-                    if turn <= (2 if system == "control" and n == 3 else 1) else "<select>1,2</select>")
-        if role == "searcher":
-            sub = field(prompt, "Question")
-            if turn == 1 and not (system == "control" and n == 2):
-                return f"<search>{sub}</search>"
-            return f"<report>band {n} was formed in Town{n}</report>"
-        right = system == "opd" or n % 2 == 0
-        return f"<answer>{f'Town{n}' if right else 'Nowhere'}</answer>"
-    return respond
+from tests.helpers.scripted_hmas import scripted_records, write_eval_dirs
 
 
 @pytest.fixture(scope="session")
@@ -52,23 +22,10 @@ def view_tokenizer(view_model_dir):
     return AutoTokenizer.from_pretrained(view_model_dir)
 
 
-def _records(tokenizer, system):
-    records, _, _ = run_scripted(tokenizer, hmas_policy(system), workflow="hmas", n_questions=QUESTIONS, attempts=2)
-    for r in records:
-        r.method = system
-    return records
-
-
 @pytest.fixture(scope="session")
 def eval_root(tmp_path_factory, view_tokenizer, view_model_dir):
     """``runs/demo``-like: eval/opd and eval/control, each records.jsonl + run.json naming the model."""
-    root = tmp_path_factory.mktemp("demo")
-    for system in ("opd", "control"):
-        out = root / "eval" / system
-        out.mkdir(parents=True)
-        write_records(out / "records.jsonl", _records(view_tokenizer, system))
-        (out / "run.json").write_text(json.dumps({"settings": {}, "questions": QUESTIONS, "model": view_model_dir}))
-    return root
+    return write_eval_dirs(tmp_path_factory.mktemp("demo"), view_tokenizer, view_model_dir)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +41,7 @@ def traced_run(tmp_path_factory, view_tokenizer, view_model_dir):
     (run / "config.yaml").write_text(f"model:\n  path: {view_model_dir}\n")
     cfg = resolve("mopd")
     for step_no in (5, 10):
-        records = _records(view_tokenizer, "opd")
+        records = scripted_records(view_tokenizer, "opd")
         step = pack_records(records, 4096, device=torch.device("cpu"))
         for b in step.batches:
             b.old_logp = b.sampling_logp - 0.5

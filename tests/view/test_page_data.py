@@ -100,3 +100,14 @@ def test_view_errors_are_one_line(tmp_path, eval_root, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_tokenizer_is_the_evaluated_models(tmp_path, view_model_dir):
+    # `mopd eval run` names the model in run.json; the pipeline's in-process evaluation in its settings
+    from mopd.view.sources import model_dir_of
+
+    for info in ({"model": view_model_dir}, {"settings": {"model_path": view_model_dir}}):
+        (tmp_path / "run.json").write_text(json.dumps(info))
+        assert model_dir_of(tmp_path) == view_model_dir
+    (tmp_path / "run.json").write_text(json.dumps({"settings": {"model_path": str(tmp_path / "gone")}}))
+    assert model_dir_of(tmp_path) is None

@@ -124,7 +124,7 @@
     });
     return box;
   }
-  function eventNode(e) {
+  function eventNode(e, said) {
     const d = el("div", {class: "event ev-" + e.kind});
     if (e.kind === "search") {
       d.append(el("span", {class: "k", text: "search: "}), e.text);
@@ -134,7 +134,8 @@
       if (!(e.passages || []).length) ol.append(el("li", {class: "meta", text: "no passages (search not run)"}));
       d.append(ol);
     } else if (e.kind === "invalid") {
-      d.append(el("span", {class: "invalid", text: "invalid action: " + e.reason}), el("div", {class: "out", text: e.text}));
+      d.append(el("span", {class: "invalid", text: "invalid action: " + e.reason}));
+      if (e.text !== said) d.append(el("div", {class: "out", text: e.text}));
     } else if (e.kind === "select") {
       d.append(el("span", {class: "k", text: "select: "}), "reports " + (e.selection || []).join(", "));
     } else {
@@ -146,10 +147,11 @@
     return el("details", {class: "env"}, el("summary", {text: label}), el("pre", {text}));
   }
   function turnNodes(t, call, cid, k, target) {
-    for (const [, text] of t.env) target.append(envFold(`environment (${text.length} chars)`, text));
+    for (const [, text] of t.env)
+      target.append(envFold(`${k === 0 ? "input" : "environment"} (${text.length} chars)`, text));
     target.append(el("div", {class: "meta", text: `turn ${k + 1} · step ${t.step}`}));
     if (t.segment >= 0) target.append(output(t, call.role));
-    for (const e of t.events) target.append(eventNode(e));
+    for (const e of t.events) target.append(eventNode(e, t.text));
   }
   function callSummary(tr, cid) {
     const c = tr.calls[cid];
