@@ -111,3 +111,22 @@ def test_the_tokenizer_is_the_evaluated_models(tmp_path, view_model_dir):
         assert model_dir_of(tmp_path) == view_model_dir
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"model_path": str(tmp_path / "gone")}}))
     assert model_dir_of(tmp_path) is None
+
+
+def test_serve_offers_the_page_on_localhost_only(eval_root):
+    import threading
+    import urllib.request
+
+    from mopd.view.serve import page_server
+
+    assert main(["view", str(eval_root / "eval" / "opd")]) == 0
+    page = eval_root / "eval" / "opd" / "view.html"
+    with page_server(page, 0) as server:
+        host, port = server.server_address
+        assert host == "127.0.0.1"
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/view.html", timeout=30) as r:
+                assert r.status == 200 and r.read() == page.read_bytes()
+        finally:
+            server.shutdown()
