@@ -55,10 +55,14 @@ def size_note(data: PageData) -> str:
     """What the page holds and what it left out to stay small (shown in its footer)."""
     n = len(data.workflows)
     mib = data.tree_bytes / 2 ** 20
-    kept = (f"token texts and values kept for all {n} workflows" if data.with_tokens == n or not data.signals and
-            data.with_tokens == 0 else
-            f"token texts and values kept for {data.with_tokens} of {n} workflows (the first ones, until the "
-            f"trees passed {data.max_bytes / 2 ** 20:.0f} MiB; later ones show their text)")
+    if data.past_bound:
+        kept = (f"token texts and values kept for {data.with_tokens} of {n} workflows (until the trees passed "
+                f"{data.max_bytes / 2 ** 20:.0f} MiB, --max-mb; the {data.past_bound} after show their text)")
+    elif data.with_tokens < n:
+        kept = (f"token texts and values for the {data.with_tokens} of {n} workflows whose records hold token ids "
+                "(mopd eval run --keep-token-ids, a run's traces, or --teacher give them)")
+    else:
+        kept = f"token texts and values kept for all {n} workflows"
     return (f"{n} workflows of {len(data.questions)} questions. Each workflow's tree is zlib-compressed JSON "
             f"({mib:.1f} MiB in all), inflated when it is opened; the list shows {100} questions a page. "
             f"Per-token values are rounded to 0.01; {kept}. Role prompts are stored once.")

@@ -63,6 +63,8 @@ class PageData:
     signals: List[str] = field(default_factory=list)
     with_tokens: int = 0
     """Workflows whose token texts and values were kept."""
+    past_bound: int = 0
+    """Workflows built after the trees passed ``max_bytes`` (their tokens left out)."""
     tree_bytes: int = 0
     max_bytes: int = 0
 
@@ -147,7 +149,9 @@ def build_page_data(systems: List[System], max_bytes: int = 100 * 2 ** 20) -> Pa
                         candidates=rec.get("candidates") or [], final=rec.get("final_answer"),
                         correct=correct(rec), step=wf.step,
                         rewards={cid: {k: v for k, v in c.items() if k != "tokens"} for cid, c in wf.calls.items()})
-            if data.tree_bytes < max_bytes and _attach_tokens(tree, rec, wf, system.decoder, signals):
+            if data.tree_bytes >= max_bytes:
+                data.past_bound += 1
+            elif _attach_tokens(tree, rec, wf, system.decoder, signals):
                 data.with_tokens += 1
             blob = base64.b64encode(zlib.compress(json.dumps(tree, ensure_ascii=False).encode(), 6)).decode()
             data.tree_bytes += len(blob)

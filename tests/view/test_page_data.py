@@ -72,7 +72,30 @@ def test_past_the_size_bound_workflows_keep_text_not_tokens(eval_root):
     kept = trees(data)
     assert "tokens" in kept[1]["calls"]["s0.0"]["turns"][0] and "tokens" not in kept[2]["calls"]["s0.0"]["turns"][0]
     assert kept[2]["calls"]["s0.0"]["turns"][0]["text"] == "<search>Where was band 1 formed?</search>"
-    assert "token texts and values kept for 2 of 8 workflows" in render_page(data)
+    assert data.past_bound == 6 and "token texts and values kept for 2 of 8 workflows" in render_page(data)
+
+
+def test_a_cmas_workflow_and_records_without_token_ids(view_tokenizer):
+    from mopd.view.page_data import System, Workflow
+    from tests.helpers.prompts import role_of, turn_of
+    from tests.helpers.workflows import run_scripted
+
+    def respond(prompt, params):
+        if role_of(prompt) == "searcher":
+            return "<search>band</search>" if turn_of(prompt) == 1 else "<report>r</report>"
+        return "<answer>Town0</answer>"
+
+    records, _, _ = run_scripted(view_tokenizer, respond, workflow="cmas")
+    d = records[0].to_dict()
+    for c in d["calls"]:
+        for seg in c["segments"]:
+            seg["token_ids"], seg["logprobs"] = [], None
+    data = build_page_data([System("cmas", [Workflow(d)])])
+    tree = trees(data)[0]
+    assert [b["kind"] for b in tree["blocks"]] == ["call", "request"] and tree["blocks"][0]["call"] == "s0"
+    assert [e["kind"] for t in tree["calls"]["s0"]["turns"] for e in t["events"]] == ["search", "report"]
+    assert data.with_tokens == 0 and data.signals == []
+    assert "for the 0 of 1 workflows whose records hold token ids" in render_page(data)
 
 
 def test_the_page_is_self_contained(eval_root):
