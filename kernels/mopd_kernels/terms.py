@@ -91,28 +91,33 @@ def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,
 
 def policy_term(A: torch.Tensor, ratio: torch.Tensor, logp: torch.Tensor,
                 settings: PolicyLossSettings) -> Dict[str, torch.Tensor]:
-    """``pg_t`` of the settings' objective and its clip indicators (fp32 [n] each)."""
+    """``pg_t`` of the settings' objective and its clip indicators (fp32 [n] each): ``clipped`` (the
+    clipped branch is larger), ``clipped_low``/``clipped_high`` (the ratio outside the range on the
+    side that binds), ``dual_capped`` (held at the dual-clip cap, verl's ``pg_clipfrac_lower``)."""
     zeros = torch.zeros_like(ratio)
     if settings.objective == "cispo":
         cap = settings.cispo_cap
         pg = -ratio.clamp(max=cap).detach() * A * logp
         high = ((ratio > cap) & (A > 0)).to(torch.float32)
-        return {"pg": pg, "clipped": high, "clipped_low": zeros, "clipped_high": high}
+        return {"pg": pg, "clipped": high, "clipped_low": zeros, "clipped_high": high, "dual_capped": zeros}
     if settings.objective == "sapo":
         t_pos, t_neg = settings.sapo_temperatures
         tau = torch.where(A > 0, torch.full_like(A, t_pos), torch.full_like(A, t_neg))
         pg = -A * torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
-        return {"pg": pg, "clipped": zeros, "clipped_low": zeros, "clipped_high": zeros}
+        return {"pg": pg, "clipped": zeros, "clipped_low": zeros, "clipped_high": zeros, "dual_capped": zeros}
     lo, hi = 1.0 - settings.clip_low, 1.0 + settings.clip_high
     pg1 = -A * ratio
     pg2 = -A * ratio.clamp(lo, hi)
     pg = torch.maximum(pg1, pg2)
+    capped = zeros
     if settings.dual_clip is not None:
         cap = -A * settings.dual_clip
-        pg = torch.where((A < 0) & (pg > cap), cap, pg)
+        is_capped = (A < 0) & (pg > cap)
+        pg = torch.where(is_capped, cap, pg)
+        capped = is_capped.to(torch.float32)
     return {"pg": pg, "clipped": (pg2 > pg1).to(torch.float32),
             "clipped_low": ((ratio < lo) & (A < 0)).to(torch.float32),
-            "clipped_high": ((ratio > hi) & (A > 0)).to(torch.float32)}
+            "clipped_high": ((ratio > hi) & (A > 0)).to(torch.float32), "dual_capped": capped}
 
 
 def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,

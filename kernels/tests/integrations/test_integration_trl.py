@@ -1,0 +1,170 @@
+"""FusedGRPOTrainer inside the real TRL (1.16): the same loss and gradients as GRPOTrainer's own on
+the same batch for each supported option, two training steps that land on the same weights, and a
+one-line refusal of what it does not support. Runs in .venv-integrations (make test-integrations)."""
+
+import os
+
+import pytest
+
+from integration_env import require
+
+require("trl")
+
+import torch  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from mopd_kernels.integrations.trl import FusedGRPOTrainer, UnsupportedOption  # noqa: E402
+from tiny_models import grpo_dataset, reward_len, tiny_causal_lm_dir  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+B, P, C = 6, 5, 9   # completions, prompt and completion lengths
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_causal_lm_dir(tmp_path_factory.mktemp("trl_model"), vocab=211, hidden=48)
+
+
+def _trainer(cls, model_dir, tmp_path, **config):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    defaults = dict(output_dir=str(tmp_path / cls.__name__), per_device_train_batch_size=4, num_generations=4,
+                    max_completion_length=C, max_steps=2, learning_rate=1e-2, logging_steps=1, report_to="none",
+                    use_vllm=False, bf16=False, use_cpu=True, save_strategy="no", beta=0.0, seed=0,
+                    dataloader_num_workers=0, temperature=0.7)
+    defaults.update(config)
+    torch.manual_seed(0)
+    return cls(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward_len,
+               args=GRPOConfig(**defaults), train_dataset=grpo_dataset(),
+               processing_class=AutoTokenizer.from_pretrained(model_dir))
+
+
+def _batch(vocab, *, old=True, ref=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([C, 5, 1, 0, 7, 3])
+    completion_mask = (torch.arange(C).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    inputs = {"prompt_ids": torch.randint(3, vocab, (B, P), generator=g),
+              "prompt_mask": torch.ones(B, P, dtype=torch.long),
+              "completion_ids": torch.randint(3, vocab, (B, C), generator=g),
+              "completion_mask": completion_mask,
+              "advantages": torch.randn(B, generator=g),
+              "num_items_in_batch": completion_mask.sum().float() * 1.5}
+    inputs["prompt_mask"][1, :2] = 0   # left padding
+    return inputs, g
+
+
+def _scored(trainer, inputs, g, old, ref):
+    """Old and reference log-probs near the model's own, so ratios fall on both sides of the clip."""
+    model = trainer.model
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, P - 1:-1].float() / trainer.temperature
+        logp = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    out = dict(inputs)
+    if old:
+        out["old_per_token_logps"] = logp + 0.3 * torch.randn(logp.shape, generator=g)
+    if ref:
+        out["ref_per_token_logps"] = logp + 0.3 * torch.randn(logp.shape, generator=g)
+    return out
+
+
+def _loss_and_grads(trainer, inputs):
+    trainer.current_gradient_accumulation_steps = 2   # as Trainer sets it in a window of two micro-batches
+    trainer.model.train()
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return float(loss), grads
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30))
+
+
+CASES = {
+    "grpo": dict(loss_type="grpo"),
+    "bnpo": dict(loss_type="bnpo", entropy_coef=0.01),
+    "dr_grpo": dict(loss_type="dr_grpo"),
+    "dapo": dict(loss_type="dapo"),
+    "grpo-beta-bias-corrected": dict(loss_type="grpo", beta=0.04),              # TRL's defaults for the KL
+    "dapo-beta-uncorrected": dict(loss_type="dapo", beta=0.04, use_bias_correction_kl=False),
+    "bnpo-delta": dict(loss_type="bnpo", delta=1.6, epsilon_high=0.28),
+    "grpo-gspo": dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.04),
+    "dapo-gspo": dict(loss_type="dapo", importance_sampling_level="sequence"),
+    "cispo": dict(loss_type="cispo", epsilon_high=4.0, beta=0.04),
+    "sapo": dict(loss_type="sapo", entropy_coef=0.01),
+    "grpo-on-policy": dict(loss_type="grpo", beta=0.04, on_policy=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_same_loss_and_gradients_as_grpo_trainer_fp32(name, model_dir, tmp_path):
+    case = dict(CASES[name])
+    on_policy = case.pop("on_policy", False)
+    theirs = _trainer(GRPOTrainer, model_dir, tmp_path, **case)
+    ours = _trainer(FusedGRPOTrainer, model_dir, tmp_path, **case)
+    inputs, g = _batch(theirs.model.config.vocab_size)
+    inputs = _scored(theirs, inputs, g, old=not on_policy, ref=theirs.beta != 0.0)
+    want_loss, want = _loss_and_grads(theirs, inputs)
+    got_loss, got = _loss_and_grads(ours, inputs)
+    assert abs(got_loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss)), (got_loss, want_loss)
+    assert set(got) == set(want)
+    for n in want:
+        assert _rel(got[n], want[n]) < 1e-5, (n, _rel(got[n], want[n]))
+    if "clip_ratio/low_mean" in theirs._metrics["train"]:
+        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "entropy"):
+            assert abs(ours._metrics["train"][key][-1] - theirs._metrics["train"][key][-1]) < 1e-5, key
+
+
+BF16_TOL = {"loss": 2e-2, "grad": 5e-2}
+"""Under bf16 autocast both lm heads round the logits to bf16 (as F.linear does), but not the same
+way: TRL's tiles of 4,096 x hidden vs the fused loss's chunk matmuls, and their fp32 softmaxes differ
+in order, so the two agree to bf16's precision only (measured: loss within ~1e-3, gradients ~1e-2)."""
+
+
+@pytest.mark.parametrize("name", ["grpo-beta-bias-corrected", "dapo"])
+def test_close_to_grpo_trainer_under_trl_defaults_bf16_autocast(name, model_dir, tmp_path):
+    case = dict(CASES[name], bf16=True)
+    theirs = _trainer(GRPOTrainer, model_dir, tmp_path, **case)
+    ours = _trainer(FusedGRPOTrainer, model_dir, tmp_path, **case)
+    inputs, g = _batch(theirs.model.config.vocab_size, seed=1)
+    inputs = _scored(theirs, inputs, g, old=True, ref=theirs.beta != 0.0)
+    want_loss, want = _loss_and_grads(theirs, inputs)
+    got_loss, got = _loss_and_grads(ours, inputs)
+    assert abs(got_loss - want_loss) <= BF16_TOL["loss"] * max(1.0, abs(want_loss))
+    head = [n for n in want if "lm_head" in n or "embed_tokens" in n][0]
+    assert _rel(got[head], want[head]) < BF16_TOL["grad"]
+
+
+def test_two_training_steps_land_on_the_same_weights(model_dir, tmp_path):
+    # Each is built (and seeded) right before it trains, so both sample the same completions. SGD:
+    # Adam would scale a gradient that is only rounding noise (the KL term at step 1, where the two
+    # lm heads' log-probs of the same weights differ in the 7th digit) up to a full-size step.
+    config = dict(loss_type="dapo", beta=0.04, optim="sgd", learning_rate=0.5)
+    theirs = _trainer(GRPOTrainer, model_dir, tmp_path, **config)
+    theirs.train()
+    ours = _trainer(FusedGRPOTrainer, model_dir, tmp_path, **config)
+    before = {n: p.detach().clone() for n, p in ours.model.named_parameters()}
+    ours.train()
+    assert ours.state.global_step == theirs.state.global_step == 2
+    moved = 0.0
+    for (n, p), (_, q) in zip(ours.model.named_parameters(), theirs.model.named_parameters()):
+        assert _rel(p.detach(), q.detach()) < 1e-4, n
+        moved = max(moved, float((p.detach() - before[n]).abs().max()))
+    assert moved > 1e-4  # the steps trained
+    logged = [e for e in ours.state.log_history if "loss" in e]
+    assert logged and all(k in logged[0] for k in ("kl", "entropy", "clip_ratio/region_mean"))
+
+
+@pytest.mark.parametrize("option,value", [("loss_type", "vespo"), ("top_entropy_quantile", 0.2),
+                                          ("off_policy_mask_threshold", 0.5), ("use_adaptive_entropy", True),
+                                          ("delta", 1.1)])
+def test_refuses_what_it_does_not_compute_in_one_line(option, value, model_dir, tmp_path):
+    with pytest.raises(UnsupportedOption) as e:
+        _trainer(FusedGRPOTrainer, model_dir, tmp_path, **{option: value, "epsilon_high": 0.28})
+    message = str(e.value)
+    assert option in message and "\n" not in message
