@@ -47,10 +47,11 @@ def _with_ids(record: dict, tokenizer) -> dict:
 def score_searchers(workflows: Sequence[Workflow], teacher_dir: str, *, student_dir: Optional[str] = None,
                     temperature: float = 1.0, budget: int = 8192) -> List[Workflow]:
     """``workflows`` with teacher (and pi_old) log-probs on every Searcher model token, in place."""
-    device = torch.device("cpu")
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
-    teacher = Teacher(teacher_dir, student_tokenizer=tokenizer, device=device, dtype="float32")
-    student = Teacher(student_dir, student_tokenizer=tokenizer, device=device, dtype="float32") if student_dir \
+    # "auto": bf16 on a GPU, fp32 on CPU, as the trainer scores
+    teacher = Teacher(teacher_dir, student_tokenizer=tokenizer, device=device, dtype="auto")
+    student = Teacher(student_dir, student_tokenizer=tokenizer, device=device, dtype="auto") if student_dir \
         else None
     records = [WorkflowRecord.from_dict(_with_ids(wf.record, tokenizer), "record") for wf in workflows]
     step = pack_records(records, budget, device=device, pad_id=tokenizer.pad_token_id or 0)

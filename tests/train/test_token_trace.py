@@ -85,3 +85,12 @@ def test_a_traced_step_trains_exactly_as_an_untraced_one(tiny_model_dir, qa_file
     assert len(lines) == 2 and {ln["step"] for ln in lines} == {1}
     searchers = [c for ln in lines for cid, c in ln["calls"].items() if cid.startswith("s")]
     assert searchers and all(len(c["tokens"]["teacher"]) == len(c["tokens"]["old"]) > 0 for c in searchers)
+
+
+def test_trace_settings_are_checked():
+    from mopd.config import ConfigError
+
+    assert resolve("mopd").trainer.trace_every == 0 and resolve("tiny_mopd").trainer.trace_every == 5
+    for bad in ("trainer.trace_every=-1", "trainer.trace_workflows=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            resolve("mopd", [bad])
