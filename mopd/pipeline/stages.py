@@ -48,11 +48,20 @@ def move_aside(d: Path, log, why: str) -> Path:
     return aside
 
 
+OBSERVATION_ONLY = ("trace_every:", "trace_workflows:")
+"""Trainer settings that change what a run writes for people to read, never what it trains
+(``mopd.train.token_trace``): left out of its fingerprint, so a finished stage is reused whatever
+they are, and fingerprints written before they existed still match."""
+
+
 def stage_fingerprint(cfg: Config) -> str:
-    """What a finished training stage was trained with: its steps and the hash of its resolved config."""
+    """What a finished training stage was trained with: its steps and the hash of its resolved config
+    (less the ``OBSERVATION_ONLY`` settings)."""
     from mopd.config import to_yaml
 
-    return f"{cfg.trainer.steps} {hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]}"
+    text = "".join(line for line in to_yaml(cfg).splitlines(keepends=True)
+                   if not line.strip().startswith(OBSERVATION_ONLY))
+    return f"{cfg.trainer.steps} {hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def _hash(obj) -> str:

@@ -100,3 +100,18 @@ def test_markers_say_which_stages_are_done(tiny):
         Path(tiny.model, "extra.safetensors").unlink()
     assert isinstance(report, ReportStage) and not report.done()
     assert isinstance(export, ExportStage) and isinstance(ev, EvalStage)
+
+
+def test_tracing_settings_leave_a_stage_fingerprint_alone():
+    # tracing only writes traces.jsonl: a finished stage is reused whatever trace_every is, and a
+    # fingerprint written before the setting existed (its lines absent from the config) still matches
+    import hashlib
+
+    from mopd.pipeline.stages import stage_fingerprint
+
+    base = resolve("tiny_mopd")
+    other = resolve("tiny_mopd", ["trainer.trace_every=1", "trainer.trace_workflows=9"])
+    assert stage_fingerprint(base) == stage_fingerprint(other)
+    text = "".join(x for x in to_yaml(base).splitlines(keepends=True) if "trace_" not in x)
+    assert stage_fingerprint(base) == f"20 {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    assert stage_fingerprint(resolve("tiny_mopd", ["trainer.lr=1e-4"])) != stage_fingerprint(base)
