@@ -149,7 +149,7 @@ def load_searchr1_parquet(path: str | os.PathLike, skip_malformed: bool = False
     try:
         rows = pq.read_table(p).to_pylist()
     except Exception as e:  # pyarrow raises many types for a broken file
-        raise DataError(f"{p}: not a readable parquet file ({e})") from None
+        raise DataError(f"{p}: not a readable parquet file ({first_line(e)})") from None
     return _collect(enumerate(rows), lambda item: _example_from_searchr1(item[1], item[0], f"{p}: row {item[0]}"),
                     p, skip_malformed)
 
@@ -164,7 +164,14 @@ def _example_from_searchr1(row: dict, index: int, where: str) -> Tuple[QAExample
         raise DataError(f"{where}: missing field 'reward_model.ground_truth.target'") from None
     if isinstance(target, str):
         target = [target]
-    target = [str(t) for t in (target or [])]
+    # Search-R1's layout (scripts/data_process/*.py) stores the golden answers there as a list of
+    # strings; anything else (a mapping, a number) is refused: taking a mapping's keys silently made
+    # every gold answer wrong.
+    if not isinstance(target, (list, tuple)) or not all(isinstance(t, str) for t in target):
+        bad = target if not isinstance(target, (list, tuple)) else next(t for t in target if not isinstance(t, str))
+        raise DataError(f"{where}: field 'reward_model.ground_truth.target' must be a string or a list of strings "
+                        f"(the golden answers), not {_kind(bad)}")
+    target = list(target)
     if not target:
         raise DataError(f"{where}: field 'reward_model.ground_truth.target' is empty")
     q = row.get("question")
@@ -176,6 +183,8 @@ def _example_from_searchr1(row: dict, index: int, where: str) -> Tuple[QAExample
         if not users:
             raise DataError(f"{where}: field 'prompt' has no user message")
         q = users[-1]
+        if not isinstance(q, str):
+            raise DataError(f"{where}: field 'prompt': the user message's content must be a string, not {_kind(q)}")
         if "Question:" in q:
             q = q.rsplit("Question:", 1)[1]
         q = q.strip()
@@ -186,6 +195,18 @@ def _example_from_searchr1(row: dict, index: int, where: str) -> Tuple[QAExample
     qid = f"{ds}_{qid if qid is not None else index}"
     kept, dropped = _usable_answers(target, f"{where} (id {qid})", "reward_model.ground_truth.target")
     return QAExample(id=str(qid), dataset=ds, question=q.strip(), answers=kept), dropped
+
+
+def _kind(value) -> str:
+    """A value's type and a short view of it, for an error line."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (pyarrow's carry a whole schema after it)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def load_questions(path: str | os.PathLike, dataset: Optional[str] = None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mopd.core.qa import DataError, QAExample, load_flashrag, load_searchr1_parquet
+from mopd.core.qa import DataError, QAExample, first_line, load_flashrag, load_searchr1_parquet
 from mopd.data.splits import PAPER_TEST_COUNTS, Splits, build_splits, write_splits
 
 PAPER_TRAIN_DATASETS: Tuple[str, ...] = ("nq", "hotpotqa")
@@ -84,9 +84,16 @@ def _parquet_datasets(path: Path) -> Tuple[str, ...]:
     import pyarrow.parquet as pq
 
     try:
+        names = pq.read_schema(path).names
+        if "data_source" not in names:
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise DataError(f"{path}: not a Search-R1 parquet file: no 'data_source' column (its columns: "
+                            f"{shown or 'none'})")
         column = pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist()
-    except Exception as e:  # pyarrow raises many types: no such column, not parquet, ...
-        raise DataError(f"{path}: not a Search-R1 parquet file with a 'data_source' column ({e})") from None
+    except DataError:
+        raise
+    except Exception as e:  # pyarrow raises many types: not parquet, a damaged file, ...
+        raise DataError(f"{path}: not a readable Search-R1 parquet file ({first_line(e)})") from None
     return tuple(sorted({str(d) for d in column if d}))
 
 
