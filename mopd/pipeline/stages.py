@@ -54,14 +54,18 @@ OBSERVATION_ONLY = ("trace_every:", "trace_workflows:")
 they are, and fingerprints written before they existed still match."""
 
 
-def stage_fingerprint(cfg: Config) -> str:
-    """What a finished training stage was trained with: its steps and the hash of its resolved config
-    (less the ``OBSERVATION_ONLY`` settings)."""
+def fingerprinted_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, less the ``OBSERVATION_ONLY`` settings."""
     from mopd.config import to_yaml
 
-    text = "".join(line for line in to_yaml(cfg).splitlines(keepends=True)
+    return "".join(line for line in to_yaml(cfg).splitlines(keepends=True)
                    if not line.strip().startswith(OBSERVATION_ONLY))
-    return f"{cfg.trainer.steps} {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def stage_fingerprint(cfg: Config) -> str:
+    """What a finished training stage was trained with: its steps and the hash of its resolved config
+    (:func:`fingerprinted_yaml`)."""
+    return f"{cfg.trainer.steps} {hashlib.sha256(fingerprinted_yaml(cfg).encode()).hexdigest()[:16]}"
 
 
 def _hash(obj) -> str:
@@ -278,9 +282,7 @@ class EvalStage(Stage):
 
         m = Path(self.manifest)
         stat = [m.stat().st_size, m.stat().st_mtime_ns] if m.is_file() else None
-        from mopd.config import to_yaml
-
-        return _hash({"config": to_yaml(self.config), "workflow": self.system.workflow, "method": self.system.name,
+        return _hash({"config": fingerprinted_yaml(self.config), "workflow": self.system.workflow, "method": self.system.name,
                       "attempts": self.attempts, "questions": self.questions, "manifest": [self.manifest, stat],
                       "model": model_fingerprint(self.model_dir)})
 
