@@ -1,0 +1,48 @@
+"""`pip install ./kernels` into an environment that has only torch adds one distribution, mopd-kernels;
+`import mopd_kernels` loads neither numpy nor transformers; the README's first example runs there.
+In the integration tier (make test-integrations): it builds a fresh virtual environment."""
+
+import json
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+KERNELS = Path(__file__).resolve().parents[2]
+TORCH = "torch==2.13.0"
+
+
+def _pip(python, *args):
+    return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
+                          text=True, timeout=900, check=True).stdout
+
+
+def _installed(python):
+    return {d["name"].lower() for d in json.loads(_pip(python, "list", "--format=json"))}
+
+
+def test_kernels_install_with_torch_alone(tmp_path):
+    env = tmp_path / "env"
+    venv.create(env, with_pip=True)
+    python = env / "bin" / "python"
+    _pip(python, "install", "-q", TORCH)
+    before = _installed(python)
+    _pip(python, "install", "-q", str(KERNELS))
+    added = _installed(python) - before
+    assert added == {"mopd-kernels"}, added
+    readme = (KERNELS / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    check = ("import sys\nimport mopd_kernels\n"
+             "assert 'numpy' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n"
+             + example + "\nprint('example ok')\n")
+    out = subprocess.run([str(python), "-c", check], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0 and "example ok" in out.stdout, out.stderr[-3000:]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
