@@ -52,26 +52,31 @@ def correct(record: dict) -> bool:
     return bool(cands) and exact_match(extract_answer(cands[-1]), record.get("answers") or []) == 1.0
 
 
+ACTIONS = ("search", "report", "subtask", "select", "answer", "invalid")
+"""Event kinds that a model turn's output makes (each turn makes at least one); ``limit`` and
+``dropped_subtask`` come from the environment and go with the turn before them."""
+
+
 def _turns(call: dict, events: List[dict]) -> List[dict]:
-    """The call's model turns, each with the environment text before it and its events."""
-    steps = sorted({e["step"] for e in events})
-    by_step: Dict[int, List[dict]] = {s: [] for s in steps}
-    for e in events:
-        by_step[e["step"]].append(e)
+    """The call's model turns, each with the environment text before it and its events: the k-th
+    turn happened at the k-th distinct step of the call's action events."""
+    steps = sorted({e["step"] for e in events if e["kind"] in ACTIONS})
     turns, env = [], []
     for i, seg in enumerate(call.get("segments") or []):
         if seg["source"] == "env":
             env.append((i, seg.get("text", "")))
             continue
         k = len(turns)
-        step = steps[k] if k < len(steps) else call.get("step", 0) + k
-        turns.append({"segment": i, "text": seg.get("text", ""), "step": step, "env": env,
-                      "events": [_event(call["role"], e) for e in by_step.get(step, [])]})
+        step = steps[k] if k < len(steps) else (turns[-1]["step"] + 1 if turns else call.get("step", 0))
+        turns.append({"segment": i, "text": seg.get("text", ""), "step": step, "env": env, "events": []})
         env = []
-    if not turns and events:   # a call without segments (evaluation records read lightly): events only
-        for s in steps:
-            turns.append({"segment": -1, "text": "", "step": s, "env": [],
-                          "events": [_event(call["role"], e) for e in by_step[s]]})
+    if not turns:   # a call without segments (evaluation records read lightly): its events only
+        turns = [{"segment": -1, "text": "", "step": s, "env": [], "events": []} for s in steps]
+    for e in events:
+        if not turns:
+            break
+        at = max((k for k, t in enumerate(turns) if t["step"] <= e["step"]), default=0)
+        turns[at]["events"].append(_event(call["role"], e))
     return turns
 
 
