@@ -26,7 +26,8 @@ Faithful to the launches, not to a hand-written signature:
    ``kernel.metadata.shared``.
 
 Run by ``test_kernels_triton_compile.py`` in a subprocess (TRITON_INTERPRET must be unset when
-triton is imported). Prints JSON on stdout; ``--table`` prints a markdown table instead.
+triton is imported). Prints JSON on stdout; ``--table`` prints a markdown table instead;
+``--launch-config BLOCK_V,WARPS`` compiles at that config instead of the default.
 """
 
 from __future__ import annotations
@@ -284,6 +285,9 @@ def compile_all(log):
 
 
 def main():
+    if "--launch-config" in sys.argv:  # e.g. --launch-config 8192,16: a candidate of bench/gpu_kernels.py's sweep
+        block, warps = map(int, sys.argv[sys.argv.index("--launch-config") + 1].split(","))
+        tk.set_launch_config(block, warps)
     log = record_launches()
     launches = [{k: v for k, v in rec.items() if k != "specs"} for rec in log]
     binaries = compile_all(log)
