@@ -18,6 +18,8 @@ from typing import Dict, Tuple
 import torch
 
 from mopd_kernels.inputs import LossInputs
+from mopd_kernels.kl import KL_ESTIMATORS
+from mopd_kernels.objectives import OBJECTIVES
 from mopd_kernels.settings import PolicyLossSettings
 
 
@@ -52,7 +54,9 @@ def _kl(kl_type: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         return logp - ref
     if kl_type == "k2":
         return 0.5 * (logp - ref) ** 2
-    return torch.exp(ref - logp) - (ref - logp) - 1.0
+    if kl_type == "k3":
+        return torch.exp(ref - logp) - (ref - logp) - 1.0
+    return KL_ESTIMATORS[kl_type](logp, ref)  # one registered beside these: its own formula
 
 
 def _ratio(logp, old, seq, settings: PolicyLossSettings):
@@ -71,6 +75,9 @@ def _policy(A, ratio, logp, settings: PolicyLossSettings):
     """(pg, clipped, clipped below, clipped above) per token, by the objective's published formula."""
     lo, hi = 1 - settings.clip_low, 1 + settings.clip_high
     none = torch.zeros_like(A, dtype=torch.bool)
+    if settings.objective not in ("ppo", "cispo", "sapo"):  # one registered beside these: its own formula
+        out = OBJECTIVES[settings.objective](A, ratio, logp, settings)
+        return out["pg"], out["clipped"] > 0, out["clipped_low"] > 0, out["clipped_high"] > 0
     if settings.objective == "cispo":  # MiniMax-M1: REINFORCE with a clipped, stopped IS weight
         cap = settings.cispo_cap
         high = (ratio > cap) & (A > 0)

@@ -10,9 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-KL_TYPES = ("k1", "k2", "k3")
-"""Schulman's KL estimators: k1 = logp - ref; k2 = (logp - ref)^2 / 2;
-k3 = exp(ref - logp) - (ref - logp) - 1."""
+KL_TYPES = ["k1", "k2", "k3"]
+"""The names of the KL estimators (Schulman's k1 = logp - ref; k2 = (logp - ref)^2 / 2;
+k3 = exp(ref - logp) - (ref - logp) - 1; their formulas are in ``mopd_kernels.kl``, where
+``register_kl_estimator`` appends a new one here)."""
 
 ADVANTAGE_SOURCES = ("outcome", "opd")
 
@@ -51,7 +52,7 @@ class RoleSpec:
         if self.advantage not in ADVANTAGE_SOURCES:
             raise ValueError(f"RoleSpec.advantage={self.advantage!r}: choose one of {ADVANTAGE_SOURCES}")
         if self.kl_type not in KL_TYPES:
-            raise ValueError(f"RoleSpec.kl_type={self.kl_type!r}: choose one of {KL_TYPES}")
+            raise ValueError(f"RoleSpec.kl_type={self.kl_type!r}: choose one of {tuple(KL_TYPES)}")
         for field in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

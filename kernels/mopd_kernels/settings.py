@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from mopd_kernels import roles
+from mopd_kernels.objectives import OBJECTIVES
 from mopd_kernels.roles import RoleSpec, check_backend, check_clip, check_role_specs, check_temperature
 
-OBJECTIVES = ("ppo", "cispo", "sapo")
-"""The policy-gradient term of a token (``mopd_kernels.terms``): PPO's clipped surrogate (GRPO, DAPO,
-Dr. GRPO, GSPO, verl's ``vanilla``), CISPO's clipped-weight REINFORCE, SAPO's soft gate."""
 
 IMPORTANCE_SAMPLING = ("token", "sequence")
 """The ratio a token's term uses: its own ``exp(logp - old_logp)``, or its sequence's
@@ -49,8 +47,9 @@ class PolicyLossSettings:
     """Rows per chunk of the lm-head passes; None: the default sizing (``chunked.chunk_rows_for``: on
     CPU from the shape, on CUDA from a 512 MiB budget, or ``MOPD_KERNELS_CHUNK_MB`` when set)."""
     objective: str = "ppo"
-    """The policy-gradient term: ``ppo`` (clipped surrogate), ``cispo`` (``-sg(min(ratio,
-    cispo_max_weight)) A logp``) or ``sapo`` (``-A sigmoid(tau (ratio - 1)) 4 / tau``)."""
+    """The policy-gradient term, by name in ``mopd_kernels.objectives``: ``ppo`` (clipped surrogate),
+    ``cispo`` (``-sg(min(ratio, cispo_max_weight)) A logp``), ``sapo`` (``-A sigmoid(tau (ratio - 1))
+    4 / tau``), or one registered with ``register_objective``."""
     importance_sampling: str = "token"
     """``token`` or ``sequence`` (GSPO: every token of a sequence takes the sequence's geometric-mean
     ratio; needs ``LossInputs.sequence_ids``; costs one more lm-head matmul: all log-probs are needed
@@ -79,7 +78,7 @@ class PolicyLossSettings:
                                             or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1):
             raise ValueError(f"chunk_rows={self.chunk_rows!r} must be a positive int (or None)")
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective={self.objective!r}: choose one of {OBJECTIVES}")
+            raise ValueError(f"objective={self.objective!r}: choose one of {tuple(OBJECTIVES)}")
         if self.importance_sampling not in IMPORTANCE_SAMPLING:
             raise ValueError(f"importance_sampling={self.importance_sampling!r}: choose one of {IMPORTANCE_SAMPLING}")
         if not isinstance(self.kl_bias_correction, bool):

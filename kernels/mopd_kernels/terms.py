@@ -12,12 +12,10 @@ role r (its spec's columns gathered from the role table):
             = exp(mean_{s in seq(t)} (logp_s - old_logp[s])) sequence level (GSPO)
               (old_logp None: the detached logp, so rho = 1 with rho's gradient; the log-ratio may be
               clamped to [-c, c] first, as verl does)
-    pg_t    = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)), capped at -A c for A < 0
-              with dual clip c                                                 objective "ppo"
-            = -sg(min(rho, cap)) A logp_t                                      objective "cispo"
-            = -A sigmoid(tau (rho - 1)) 4 / tau, tau by the sign of A          objective "sapo"
-    kl_t    = k1: logp - ref | k2: (logp - ref)^2 / 2 | k3: exp(ref - logp) - (ref - logp) - 1,
-              times rho_t with ``kl_bias_correction``
+    pg_t    = the settings' objective (``mopd_kernels.objectives``), e.g. PPO's
+              max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)), capped at -A c for A < 0
+    kl_t    = the role's estimator (``mopd_kernels.kl``: k1, k2, k3), times rho_t with
+              ``kl_bias_correction``
     loss_t  = w_t (pg_coef s_t pg_t + kl_coef kl_t) - v_t entropy_coef H_t
 
 with ``w = weights``, ``s = pg_scale``, ``v = entropy_weights`` (1, 1 and ``w`` when absent).
@@ -25,7 +23,7 @@ with ``w = weights``, ``s = pg_scale``, ``v = entropy_weights`` (1, 1 and ``w`` 
 The loss depends on the logits only through ``logp`` and ``H``, so its logits gradient needs only
 ``g_logp = d loss / d logp_t`` and ``g_H = d loss / d H_t`` per token. They are taken by autograd
 through the formulas above, on ``[n]`` vectors (no logits in that graph), so a new objective or
-estimator is its forward formula and nothing else. A coefficient of 0 switches its term off exactly:
+estimator is its forward formula and its registration, nothing else. A coefficient of 0 switches its term off exactly:
 its tokens' ``logp`` enters that term detached, so an extreme log-prob gives no 0 * inf = NaN.
 """
 
@@ -36,6 +34,8 @@ from typing import Dict, List, Optional
 import torch
 
 from mopd_kernels.inputs import LossInputs
+from mopd_kernels.kl import kl_estimate
+from mopd_kernels.objectives import OBJECTIVES
 from mopd_kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
 from mopd_kernels.settings import PolicyLossSettings
 
@@ -46,10 +46,6 @@ STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "clip_low_frac", "clip_hi
 (rho > 1 + clip_high, or the CISPO cap, A > 0), TRL's clip_ratio/low_mean and high_mean; mean
 old_logp - logp; mean H_t; mean teacher_logp - old_logp (0 without teacher_logp); mean pg_t; mean
 kl_t (0 without ref_logp). Unweighted means over the role's tokens."""
-
-KL_ESTIMATORS = ("k1", "k2", "k3")
-"""Schulman's estimators of KL(pi || ref) from one sample, by ``RoleSpec.kl_type`` index."""
-
 
 def _coef_times(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(coef != 0, coef * x, torch.zeros_like(x))
@@ -69,15 +65,6 @@ def sequence_mean(x: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
     return (sums / counts)[inverse]
 
 
-def kl_estimate(kl_type: torch.Tensor, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """The ``kl_type``-th estimator of ``KL_ESTIMATORS`` per token (0: k1, 1: k2, 2: k3). The
-    exponential only sees k3 tokens, so another estimator's extreme log-ratio cannot overflow it."""
-    delta = ref - logp
-    k3_delta = torch.where(kl_type == 2, delta, torch.zeros_like(delta))
-    k3 = torch.exp(k3_delta) - k3_delta - 1.0
-    return torch.where(kl_type == 0, -delta, torch.where(kl_type == 1, 0.5 * delta * delta, k3))
-
-
 def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,
                      settings: PolicyLossSettings) -> torch.Tensor:
     """``rho_t``: the token's or its sequence's ratio (see the module docstring)."""
@@ -91,33 +78,8 @@ def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,
 
 def policy_term(A: torch.Tensor, ratio: torch.Tensor, logp: torch.Tensor,
                 settings: PolicyLossSettings) -> Dict[str, torch.Tensor]:
-    """``pg_t`` of the settings' objective and its clip indicators (fp32 [n] each): ``clipped`` (the
-    clipped branch is larger), ``clipped_low``/``clipped_high`` (the ratio outside the range on the
-    side that binds), ``dual_capped`` (held at the dual-clip cap, verl's ``pg_clipfrac_lower``)."""
-    zeros = torch.zeros_like(ratio)
-    if settings.objective == "cispo":
-        cap = settings.cispo_cap
-        pg = -ratio.clamp(max=cap).detach() * A * logp
-        high = ((ratio > cap) & (A > 0)).to(torch.float32)
-        return {"pg": pg, "clipped": high, "clipped_low": zeros, "clipped_high": high, "dual_capped": zeros}
-    if settings.objective == "sapo":
-        t_pos, t_neg = settings.sapo_temperatures
-        tau = torch.where(A > 0, torch.full_like(A, t_pos), torch.full_like(A, t_neg))
-        pg = -A * torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
-        return {"pg": pg, "clipped": zeros, "clipped_low": zeros, "clipped_high": zeros, "dual_capped": zeros}
-    lo, hi = 1.0 - settings.clip_low, 1.0 + settings.clip_high
-    pg1 = -A * ratio
-    pg2 = -A * ratio.clamp(lo, hi)
-    pg = torch.maximum(pg1, pg2)
-    capped = zeros
-    if settings.dual_clip is not None:
-        cap = -A * settings.dual_clip
-        is_capped = (A < 0) & (pg > cap)
-        pg = torch.where(is_capped, cap, pg)
-        capped = is_capped.to(torch.float32)
-    return {"pg": pg, "clipped": (pg2 > pg1).to(torch.float32),
-            "clipped_low": ((ratio < lo) & (A < 0)).to(torch.float32),
-            "clipped_high": ((ratio > hi) & (A > 0)).to(torch.float32), "dual_capped": capped}
+    """``pg_t`` of the settings' objective and its clip indicators (``mopd_kernels.objectives``)."""
+    return OBJECTIVES[settings.objective](A, ratio, logp, settings)
 
 
 def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
