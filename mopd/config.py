@@ -154,6 +154,10 @@ class RetrieverConfig:
     """HTTP timeout per request."""
     retries: int = 5
     """Retries with exponential backoff before the run stops with a clear error."""
+    token_file: str = ""
+    """kind=http: a file whose first line is the shared token of a server started with
+    ``mopd retriever serve --token-file`` (sent as ``Authorization: Bearer``); empty: none. Not
+    part of the run's identity: the token may change between runs."""
 
     def __post_init__(self):
         _choice("retriever.kind", self.kind, {"inprocess", "http"})

@@ -47,7 +47,7 @@ def load_retriever(cfg: RetrieverConfig) -> Retriever:
     corpus's MiniLM flat index, built into the cache on first use; empty: :class:`NoRetriever`, never
     a silent default); ``kind=http``: a client of ``cfg.url``."""
     if cfg.kind == "http":
-        return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries)
+        return HttpRetriever.for_config(cfg)
     if cfg.kind != "inprocess":
         raise ValueError(f"retriever.kind={cfg.kind!r} is not valid; choose inprocess or http")
     return open_retriever(index_dir_of(cfg))

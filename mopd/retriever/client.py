@@ -34,16 +34,42 @@ class _Retryable(Exception):
     pass
 
 
+def read_token(path: str) -> str:
+    """The shared token in the file ``path`` (its first line), or ValueError saying what is wrong."""
+    try:
+        token = open(path, encoding="utf-8").read().strip().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"token file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not token or not token[0].strip():
+        raise ValueError(f"token file {path} is empty; put the shared token on its first line")
+    return token[0].strip()
+
+
 class HttpRetriever:
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout_s: float = 30.0, retries: int = 5,
                  backoff_s: float = 0.5, max_queries_per_request: int = 512,
-                 max_results_per_request: int = 8192, max_query_chars: int = 2048):
+                 max_results_per_request: int = 8192, max_query_chars: int = 2048, token: str | None = None):
+        self.token = token   # sent as Authorization: Bearer (a server started with --token-file)
         self.url = url.rstrip("/")
         self.url = self.url.removesuffix("/retrieve")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.max_queries_per_request = max_queries_per_request
         self.max_results_per_request = max_results_per_request
         self.max_query_chars = max_query_chars
+
+    @classmethod
+    def for_config(cls, cfg, quick: bool = False) -> HttpRetriever:
+        """The client of a ``RetrieverConfig`` (kind=http), with its token file's token; ``quick``:
+        one retry and at most 10 s, for a health check before a run."""
+        token = None
+        if cfg.token_file:
+            try:
+                token = read_token(cfg.token_file)
+            except ValueError as e:
+                raise RetrieverUnavailable(f"retriever.token_file: {e}") from None
+        if quick:
+            return cls(cfg.url, timeout_s=min(cfg.timeout_s, 10.0), retries=1, backoff_s=0.5, token=token)
+        return cls(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries, token=token)
 
     def __repr__(self) -> str:
         return f"HttpRetriever({self.url!r})"
@@ -55,8 +81,10 @@ class HttpRetriever:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(10.0, self.backoff_s * 2 ** (attempt - 1)))
-            req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                         method="GET" if data is None else "POST")
+            headers = {"Content-Type": "application/json"}
+            if self.token is not None:
+                headers["Authorization"] = f"Bearer {self.token}"
+            req = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     return json.loads(resp.read())

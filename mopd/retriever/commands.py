@@ -67,6 +67,17 @@ def register(sub) -> None:
                    help="queries x topk allowed in one request (bounds its work and answer size)")
     s.add_argument("--max-query-chars", type=int, default=2048, help="characters allowed in one query")
     s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body accepted")
+    s.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="close a connection that has not sent a whole request head S seconds after it opened or "
+                        "was last answered (idle and slow clients)")
+    s.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="answer 408 to a request whose body has not arrived S seconds after its head")
+    s.add_argument("--max-connections", type=int, default=0, metavar="N",
+                   help="connections open at once; past it the longest-idle one is closed for each new one "
+                        "(default 0: the open-file limit, raised to the hard limit, less 256)")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="answer only requests carrying the token in FILE (Authorization: Bearer ...; clients: "
+                        "retriever.token_file=FILE); for a server other machines reach (--host 0.0.0.0)")
     s.add_argument("--max-wait-ms", type=float, default=2.0, help="micro-batching: longest wait for more requests")
     s.add_argument("--max-batch", type=int, default=512, help="micro-batching: most queries per batch")
     s.add_argument("--slice-work", type=int, default=1024,
@@ -201,6 +212,7 @@ def _assemble(args) -> int:
 
 def _serve(args) -> int:
     from mopd.core.errors import UserError
+    from mopd.retriever.client import read_token
     from mopd.retriever.server import PortInUse, ServerLimits, check_port, serve
 
     if not 0 <= args.port <= 65535:
@@ -211,7 +223,9 @@ def _serve(args) -> int:
     try:
         limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
                               max_results=args.max_results, max_query_chars=args.max_query_chars,
-                              max_body_bytes=int(args.max_body_mb * (1 << 20)))
+                              max_body_bytes=int(args.max_body_mb * (1 << 20)), header_timeout_s=args.header_timeout,
+                              body_timeout_s=args.body_timeout, max_connections=args.max_connections)
+        token = read_token(args.token_file) if args.token_file else None
         check_port(args.host, args.port)      # before the index loads (minutes for wiki-18)
     except (ValueError, PortInUse) as e:
         raise UserError(str(e)) from None
@@ -222,7 +236,7 @@ def _serve(args) -> int:
     retriever = _run(lambda: _open(args))
     _run(retriever.self_check)                # never serve an index that would answer every request with 500
     try:
-        serve(retriever, args.host, args.port, limits=limits, max_wait_ms=args.max_wait_ms,
+        serve(retriever, args.host, args.port, token=token, limits=limits, max_wait_ms=args.max_wait_ms,
               max_batch_queries=args.max_batch, batching=not args.no_batching, slice_work=args.slice_work,
               max_batch_work=max(args.max_batch_work, args.slice_work), return_wait_ms=args.return_wait_ms)
     except OSError as e:                      # taken between the check and the bind

@@ -82,7 +82,7 @@ def retriever_identity(cfg, health: dict | None = None) -> dict:
         if health is None:
             from mopd.retriever.client import HttpRetriever
 
-            health = HttpRetriever(cfg.url, timeout_s=min(cfg.timeout_s, 10.0), retries=1, backoff_s=0.5).health()
+            health = HttpRetriever.for_config(cfg, quick=True).health()
         fp = health.get("fingerprint") if isinstance(health, dict) else None
         return {"kind": "http", "url": cfg.url.rstrip("/").removesuffix("/retrieve"), "fingerprint": fp}
     if not cfg.index.strip():

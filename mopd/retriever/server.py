@@ -14,6 +14,13 @@ so one large request cannot hold the others. The work of one request is bounded
 is JSON ``{"error": "..."}`` with a 4xx status for the client's mistakes (malformed, blank or
 over-long queries, too much work, unknown paths and methods) and 500 for the server's; a malformed
 request never reaches the batcher, so one bad client cannot stop others.
+
+Connections are bounded too (:class:`ServerLimits`): a request head must arrive within
+``header_timeout_s`` of a connection opening or being answered and its body within
+``body_timeout_s`` (408), and at most :func:`connection_bound` connections stay open, the
+longest-idle one closed for each new one past it (:class:`Connections`), so clients that connect
+and send nothing cannot use up the process's files. With a shared token (:func:`require_token`)
+a request without it is answered 401.
 """
 
 from __future__ import annotations
@@ -21,10 +28,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import hmac
 import json
 import logging
+import resource
+import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -36,6 +47,9 @@ from mopd.retriever.threads import ThreadsBySize
 log = logging.getLogger(__name__)
 BATCHER = web.AppKey("batcher", MicroBatcher)
 SEARCH = web.AppKey("search", ThreadsBySize)
+RESERVED_FILES = 256
+"""Open files kept for the server's own use (index, corpus, libraries, threads) below the
+open-file limit when the connection bound is derived from it."""
 INLINE_RESULTS = 32
 """Answers of at most this many passages are built on the event loop: reading and serialising a
 few rows costs less than the hand-off to an executor thread and back."""
@@ -58,6 +72,15 @@ class ServerLimits:
     query only costs tokenizer time (a 3 MB query took 6 s before this limit)."""
     max_body_bytes: int = 4 << 20
     """Largest request body (413 beyond it, before any parsing)."""
+    header_timeout_s: float = 10.0
+    """A connection that has not sent a whole request head this long after it opened (or after its
+    last answer) is closed: idle and slow clients cannot hold connections."""
+    body_timeout_s: float = 30.0
+    """A request whose body has not arrived whole this long after its head is answered 408."""
+    max_connections: int = 0
+    """Connections open at once (0: the open-file limit, raised to its hard limit, less
+    :data:`RESERVED_FILES`). At the bound the longest-idle connection is closed for each new one
+    (one log line per minute says so), so a client that asks is answered."""
 
     def __post_init__(self):
         for name in ("default_topk", "max_topk", "max_queries", "max_results", "max_query_chars", "max_body_bytes"):
@@ -65,6 +88,65 @@ class ServerLimits:
                 raise ValueError(f"ServerLimits.{name} must be >= 1")
         if not self.default_topk <= self.max_topk:
             raise ValueError("ServerLimits.default_topk must be <= max_topk")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:       # NaN too
+                raise ValueError(f"ServerLimits.{name} must be > 0")
+        if self.max_connections < 0:
+            raise ValueError("ServerLimits.max_connections must be >= 0 (0: from the open-file limit)")
+
+
+LIMITS = web.AppKey("limits", ServerLimits)
+
+
+class Connections:
+    """A server's open connections, oldest first, and those being answered now.
+
+    aiohttp has no bound on connections: each idle one holds a file descriptor until it times out,
+    and at the process's open-file limit accepting stops, for well-behaved clients too (about 4,200
+    idle connections stalled every search, issue 48). :meth:`attach` hooks the aiohttp server's
+    connection callbacks; past ``bound`` open connections each new one makes room by closing the
+    longest-idle one (never one being answered)."""
+
+    LOG_EVERY_S = 60.0
+
+    def __init__(self):
+        self.open: dict = {}      # request handler -> None, in the order the connections opened
+        self.busy: set = set()    # handlers inside a request
+        self.bound = 0
+        self.closed_for_room = 0
+        self._logged = -float("inf")
+
+    def attach(self, server: web.Server, bound: int) -> None:
+        self.bound = bound
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler, transport):
+            made(handler, transport)
+            self.open[handler] = None
+            if len(self.open) > self.bound:
+                self._make_room(handler)
+
+        def connection_lost(handler, exc=None):
+            lost(handler, exc)
+            self.open.pop(handler, None)
+            self.busy.discard(handler)
+
+        server.connection_made, server.connection_lost = connection_made, connection_lost
+
+    def _make_room(self, newest) -> None:
+        victim = next((h for h in self.open if h not in self.busy and h is not newest), newest)
+        self.open.pop(victim, None)
+        victim.force_close()
+        self.closed_for_room += 1
+        now = time.monotonic()
+        if now - self._logged >= self.LOG_EVERY_S:
+            self._logged = now
+            log.warning("%d connections open, the bound (--max-connections): closing the longest-idle one for "
+                        "each new one (%d so far); clients that send nothing are closed after the header timeout",
+                        len(self.open), self.closed_for_room)
+
+
+CONNECTIONS = web.AppKey("connections", Connections)
 
 
 class BadRequest(ValueError):
@@ -135,6 +217,21 @@ async def json_errors(request: web.Request, handler):
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
 
+def require_token(app: web.Application, token: str) -> None:
+    """Answer only requests with ``Authorization: Bearer TOKEN`` (401 otherwise), for a server
+    that other machines can reach (``--token-file``)."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def token_check(request: web.Request, handler):
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return _error(401, "missing or wrong token: this server needs the shared token (the client's "
+                               "retriever.token_file)", headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    app.middlewares.append(token_check)
+
+
 def _answer(retriever, ids, scores, with_scores: bool) -> bytes:
     result = []
     for row_i, row_s in zip(ids, scores, strict=True):
@@ -162,9 +259,12 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
 
     async def retrieve(request: web.Request):
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), limits.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body too large: limit is {limits.max_body_bytes} bytes")
+        except TimeoutError:
+            return _error(408, f"the body did not arrive within {limits.body_timeout_s:g} s",
+                          headers={"Connection": "close"})
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -207,7 +307,19 @@ def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float =
     async def on_cleanup(app):
         await batcher.stop()
 
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[json_errors])
+    connections = Connections()
+
+    @web.middleware
+    async def answering(request: web.Request, handler):   # a connection inside a request is never closed for room
+        connections.busy.add(request.protocol)
+        try:
+            return await handler(request)
+        finally:
+            connections.busy.discard(request.protocol)
+
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[json_errors, answering])
+    app[LIMITS] = limits
+    app[CONNECTIONS] = connections
     app[BATCHER] = batcher
     app[SEARCH] = search
     app.router.add_post("/retrieve", retrieve)
@@ -246,14 +358,70 @@ def freeze_heap() -> int:
     return gc.get_freeze_count()
 
 
-def serve(retriever, host: str = "127.0.0.1", port: int = 8000, **kwargs) -> None:
-    """Serve until interrupted (the CLI's `mopd retriever serve`)."""
-    app = make_app(retriever, **kwargs)
-    freeze_heap()
+def raise_open_file_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
     try:
-        web.run_app(app, host=host, port=port, print=lambda msg: print(
-            f"serving {retriever.meta.describe()} on http://{host}:{port} (POST /retrieve, GET /health)",
-            flush=True), access_log=None)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    except (ValueError, OSError):
+        return soft
+
+
+def connection_bound(limits: ServerLimits) -> int:
+    """The connections the server keeps open at once: ``limits.max_connections``, at most the
+    open-file limit (raised to the hard limit) less :data:`RESERVED_FILES`."""
+    room = max(64, raise_open_file_limit() - RESERVED_FILES)
+    return min(limits.max_connections, room) if limits.max_connections else room
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port; ``getsockname`` says which)."""
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                backlog=1024)
+
+
+async def start_server(app: web.Application, sock: socket.socket) -> web.AppRunner:
+    """Serve ``app`` on ``sock`` with its connection limits: a request head must arrive within the
+    header timeout of a connection opening or going idle (aiohttp's keep-alive timeout, which also
+    runs from the connection's start), and at most :func:`connection_bound` connections stay open."""
+    limits = app[LIMITS]
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.header_timeout_s)
+    await runner.setup()
+    app[CONNECTIONS].attach(runner.server, connection_bound(limits))
+    await web.SockSite(runner, sock).start()
+    return runner
+
+
+def serve(retriever, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, **kwargs) -> None:
+    """Serve until interrupted (the CLI's `mopd retriever serve`); prints the address it listens on
+    (the real port for ``port=0``). ``token``: see :func:`require_token`."""
+    app = make_app(retriever, **kwargs)
+    if token is not None:
+        require_token(app, token)
+    sock = listen(host, port)
+    freeze_heap()
+
+    async def forever():
+        runner = await start_server(app, sock)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        limits, bound = app[LIMITS], app[CONNECTIONS].bound
+        print(f"serving {retriever.meta.describe()} on http://{host}:{sock.getsockname()[1]} (POST /retrieve, "
+              f"GET /health; at most {bound} connections, a request head within {limits.header_timeout_s:g} s"
+              + (", token required)" if token is not None else ")"), flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(forever())
     finally:
         # Frozen objects are skipped at exit too: extension modules then report them as leaked.
         gc.unfreeze()
@@ -266,8 +434,8 @@ class ServerThread:
 
     ``with ServerThread(retriever) as srv: HttpRetriever(srv.url).search(...)``; port 0 = any free port."""
 
-    def __init__(self, retriever, host: str = "127.0.0.1", port: int = 0, **kwargs):
-        self.retriever, self.host, self.port, self.kwargs = retriever, host, port, kwargs
+    def __init__(self, retriever, host: str = "127.0.0.1", port: int = 0, token: str | None = None, **kwargs):
+        self.retriever, self.host, self.port, self.kwargs, self.token = retriever, host, port, kwargs, token
         self.app = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner = None
@@ -285,11 +453,11 @@ class ServerThread:
 
         async def up():
             self.app = make_app(self.retriever, **self.kwargs)
-            self._runner = web.AppRunner(self.app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
+            if self.token is not None:
+                require_token(self.app, self.token)
+            sock = listen(self.host, self.port)
+            self.port = sock.getsockname()[1]
+            self._runner = await start_server(self.app, sock)
 
         try:
             loop.run_until_complete(up())

@@ -102,7 +102,7 @@ def check_retriever(cfg) -> None:
     from mopd.retriever import HttpRetriever, RetrieverUnavailable
 
     try:
-        HttpRetriever(cfg.url, timeout_s=min(cfg.timeout_s, 10.0), retries=1, backoff_s=0.5).health()
+        HttpRetriever.for_config(cfg, quick=True).health()
     except RetrieverUnavailable as e:
         raise PreflightError(f"retriever.url: {e}") from None
 

@@ -35,7 +35,7 @@ RUN_ENTRIES = ("run.json", "config.yaml", "metrics.jsonl", "events.jsonl", "chec
                "wandb")
 """What a training run writes into its directory (what ``--overwrite`` moves aside)."""
 NEVER_COMPARED = ("description", "trainer.out_dir", "trainer.tensorboard", "trainer.wandb_project", "trainer.cpu_threads",
-                  "trainer.log_every")
+                  "trainer.log_every", "retriever.token_file")
 DEFAULT_OUT_DIR = "runs/default"
 
 

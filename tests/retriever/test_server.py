@@ -281,11 +281,11 @@ def test_serve_freezes_what_it_loaded_and_unfreezes_on_the_way_out(flat_retrieve
 
     seen = []
 
-    def run_app(app, **kwargs):
+    async def start_server(app, sock):
         seen.append(gc.get_freeze_count())
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(server_mod.web, "run_app", run_app)
+    monkeypatch.setattr(server_mod, "start_server", start_server)
     assert gc.get_freeze_count() == 0
     with pytest.raises(KeyboardInterrupt):
         server_mod.serve(flat_retriever, port=0)
