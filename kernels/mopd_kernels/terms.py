@@ -65,6 +65,16 @@ def sequence_mean(x: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
     return (sums / counts)[inverse]
 
 
+def token_advantages(spec: torch.Tensor, advantages: torch.Tensor, old: torch.Tensor,
+                     teacher: Optional[torch.Tensor]) -> torch.Tensor:
+    """``A_t`` of each token: its outcome advantage, or for a token of an OPD role (``spec``: its role
+    table rows, ``roles.role_table(...)[roles]``) the distillation advantage
+    ``opd_coef * (teacher_logp - old_logp)``. Without ``teacher`` every token keeps its outcome value."""
+    if teacher is None:
+        return advantages
+    return torch.where(spec[:, COL_IS_OPD] != 0, spec[:, COL_OPD_COEF] * (teacher - old), advantages)
+
+
 def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,
                      settings: PolicyLossSettings) -> torch.Tensor:
     """``rho_t``: the token's or its sequence's ratio (see the module docstring)."""
@@ -93,9 +103,7 @@ def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
     spec = settings.role_table(logp.device)[inputs.roles.long()]
     pg_coef, ent_coef, kl_coef = spec[:, COL_PG_COEF], spec[:, COL_ENT_COEF], spec[:, COL_KL_COEF]
     old = inputs.old_logp if inputs.old_logp is not None else logp.detach()
-    A = inputs.advantages
-    if inputs.teacher_logp is not None:
-        A = torch.where(spec[:, COL_IS_OPD] != 0, spec[:, COL_OPD_COEF] * (inputs.teacher_logp - old), A)
+    A = token_advantages(spec, inputs.advantages, old, inputs.teacher_logp)
     logp_pg = _gated(pg_coef, logp)
     ratio = importance_ratio(logp_pg, old, inputs, settings)
     out = policy_term(A, ratio, logp_pg, settings)
