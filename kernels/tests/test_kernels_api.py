@@ -243,3 +243,17 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name,value", [("MOPD_KERNELS_BLOCK_V", "3000"), ("MOPD_KERNELS_BLOCK_V", "32"),
+                                        ("MOPD_KERNELS_BLOCK_V", "big"), ("MOPD_KERNELS_NUM_WARPS", "3")])
+def test_bad_launch_config_from_the_environment_is_one_line(monkeypatch, name, value):
+    """A block that is not a power of two (3000 was a Triton CompilationError deep in the compiler) or
+    warps Triton cannot launch are refused naming the variable, before anything compiles."""
+    from mopd_kernels import triton_kernels as tk
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        tk.launch_config(151936, torch.device("cuda"))
+    monkeypatch.setenv(name, "0")
+    assert tk.launch_config(151936, torch.device("cuda")) == (4096, 8)
