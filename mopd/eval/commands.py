@@ -157,6 +157,14 @@ def _run(args) -> int:
                                      progress=True, log=print)
     except EvalError as e:
         raise UserError(str(e)) from None
+    except Exception as e:
+        from mopd.core.peers import lost_peer_line
+
+        line = lost_peer_line(e)      # a rank died: one line from each survivor, not a traceback
+        if line is None:
+            raise
+        raise UserError(f"{line}; the finished questions are kept under {args.out} (its rank parts): run the "
+                        "same command again to evaluate the rest") from None
     finally:
         ranks.leave()
     if ranks.rank != 0:

@@ -44,6 +44,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from mopd.core.peers import register_peer
 from mopd.core.records import write_records
 from mopd.eval.alignment import EvalError
 from mopd.eval.loading import RECORDS_FILE
@@ -151,6 +152,7 @@ class TorchRanks:
             torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
         if not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo")
+        register_peer()   # so that a rank that loses a peer can say which one died
         self._group = dist.new_group(backend="gloo", timeout=WAIT)
 
     def broadcast(self, obj):

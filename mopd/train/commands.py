@@ -135,6 +135,13 @@ def _train(args) -> int:
         trainer.close()
     except (ModelLoadError, TrainingError, CheckpointError) as e:
         raise UserError(str(e)) from None
+    except Exception as e:
+        from mopd.core.peers import lost_peer_line
+
+        line = lost_peer_line(e)      # a rank died: one line from each survivor, not a traceback
+        if line is None:
+            raise
+        raise UserError(f"{line}; {intact_checkpoint(cfg.trainer.out_dir)}") from None
     finally:
         if lock is not None:
             lock.release()
@@ -142,6 +149,18 @@ def _train(args) -> int:
         shown = {k: round(v, 4) for k, v in last.items() if k in ("rollout/em", "val/em", "loss/total")}
         print(f"done: step {trainer.step}, {shown}; run directory {cfg.trainer.out_dir}")
     return 0
+
+
+def intact_checkpoint(run_dir) -> str:
+    """Where a run stopped by a dead rank resumes from: its newest complete checkpoint (the
+    manifest is written last), found without a collective."""
+    from mopd.train.checkpoint import list_checkpoints
+    from mopd.train.manifest import MANIFEST
+
+    done = [p for p in list_checkpoints(run_dir) if (p / MANIFEST).is_file()]
+    if not done:
+        return f"no checkpoint of {run_dir} was written yet: start it again"
+    return f"the newest intact checkpoint is {done[-1]}: continue with `mopd train --resume ...`"
 
 
 def _export(args) -> int:

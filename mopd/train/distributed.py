@@ -32,6 +32,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from mopd.core.peers import register_peer
+
 _workers_may_outlive_group = False
 """Set when this process left a multi-rank gloo group (see the module docstring)."""
 
@@ -56,6 +58,7 @@ def init_distributed() -> bool:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo")
+    register_peer()   # so that a rank that loses a peer can say which one died
     return True
 
 
