@@ -31,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.filesystem as dcp_fs
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 
@@ -106,7 +107,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             loaded = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
             raise UnsafeCheckpointFile(f"checkpoint entry {read_item.dest_index.fqn} is not plain data "
-                                       f"({str(e).splitlines()[0][:160]}): refused, nothing in it was run") from None
+                                       f"({_why(e)}): refused, nothing in it was run") from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
@@ -114,8 +115,24 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def dcp_load(state: dict, path: str | Path) -> None:
-    """``torch.distributed.checkpoint.load`` of ``state`` from ``path`` without unpickling code."""
-    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+    """``torch.distributed.checkpoint.load`` of ``state`` from ``path`` without unpickling code;
+    a refused file is :class:`UnsafeCheckpointFile` (DCP wraps what its reader raises)."""
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointException as e:
+        for failure in e.failures.values():
+            exc = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(exc, UnsafeCheckpointFile):
+                raise UnsafeCheckpointFile(str(exc)) from None
+        raise
+
+
+def _why(e: BaseException) -> str:
+    """The line of torch's weights-only refusal that names what the pickle asked for."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    named = next((line for line in lines if "Unsupported global" in line or "GLOBAL" in line), None)
+    text = named or (lines[0] if lines else type(e).__name__)
+    return text.removeprefix("WeightsUnpickler error: ")[:200]
 
 
 def _legacy_rng_globals() -> list:
@@ -132,8 +149,7 @@ def load_rng_file(f: str | Path) -> dict:
         with torch.serialization.safe_globals(_legacy_rng_globals()):
             state = torch.load(f, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UnsafeCheckpointFile(f"{f} is not an RNG state this trainer wrote ({first[:160]}): refused, "
+        raise UnsafeCheckpointFile(f"{f} is not an RNG state this trainer wrote ({_why(e)}): refused, "
                                    "nothing in it was run") from None
     if not isinstance(state, dict) or not {"torch", "numpy", "python"} <= set(state):
         raise UnsafeCheckpointFile(f"{f} is not an RNG state this trainer wrote (no torch/numpy/python states)")

@@ -118,3 +118,28 @@ def test_an_rng_file_of_the_earlier_format_still_loads(tmp_path):
     expected = _draws()
     ckpt.set_rng_state(load_rng_file(tmp_path / "old.pt"))
     assert _draws() == expected
+
+
+def test_a_crafted_non_tensor_entry_never_runs(run, tiny_model_dir, tmp_path):
+    """DCP stores non-tensor entries (the optimizer's hyperparameters) as torch.save bytes inside a
+    shard; one pointed at a crafted pickle (the metadata rewritten to match, with its allowed
+    classes only) is refused unrun."""
+    from mopd.train.safe_load import read_dcp_metadata
+    from tests.reliability.runs import model_and_optimizer
+
+    step = step_dir(run[0], 3)
+    meta = read_dcp_metadata(step)
+    key = next(k for k in meta.storage_data if k.fqn.startswith("optim.param_groups.") and k.fqn.endswith(".lr"))
+    info = meta.storage_data[key]
+    shard = step / info.relative_path
+    crafted = tmp_path / "crafted.pt"
+    torch.save(_MakesMarker(tmp_path / "marker"), crafted)
+    info.offset, info.length = shard.stat().st_size, crafted.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(crafted.read_bytes())
+    (step / ".metadata").write_bytes(pickle.dumps(meta, protocol=4))
+    write_manifest(step)
+    m, opt = model_and_optimizer(tiny_model_dir)
+    with pytest.raises(ckpt.CheckpointError, match="not plain data.*refused"):
+        ckpt.load_checkpoint(step, m, opt)
+    assert not (tmp_path / "marker").exists()
