@@ -61,3 +61,36 @@ def test_a_killed_rank_is_named_in_one_line_by_the_survivor(tiny_model_dir, qa_f
         pytest.skip(f"rank 0 was stopped by torchrun first: {last}")
     assert last.startswith("mopd train: error: rank 0 of 2: rank 1 died"), err0[-3000:]
     assert "the newest intact checkpoint is" in last and "step_0000" in last and "--resume" in last, last
+
+
+@pytest.mark.slow
+def test_a_killed_rank_of_a_data_parallel_evaluation_is_named_in_one_line(tiny_model_dir, tmp_path):
+    """Two ranks of `mopd eval run` (started as torchrun would, without its agent: nothing else
+    stops rank 0); rank 1 is killed after its first chunk, rank 0 meets the loss at the end meeting."""
+    from mopd.core.qa import QAExample, write_questions
+
+    manifest, out = tmp_path / "test.jsonl", tmp_path / "eval"
+    write_questions(manifest, [QAExample(f"q{i}", "nq", f"Where was band {i} formed?", ["Paris"]) for i in range(12)])
+    args = [sys.executable, "-m", "mopd", "eval", "run", "--model", tiny_model_dir, "--workflow", "cmas",
+            "--manifest", str(manifest), "--attempts", "1", "--chunk", "1", "--out", str(out),
+            f"retriever.index={small_index(tmp_path)}", "rollout.max_output_tokens=8", "rollout.max_steps=2"]
+    port = str(free_port())
+    procs = [subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(
+        os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), CUDA_VISIBLE_DEVICES="")) for r in range(2)]
+    try:
+        part = out / "ranks" / "rank1-of-2" / "records.jsonl"
+        deadline = time.monotonic() + 400
+        while not (part.is_file() and part.stat().st_size > 0):
+            assert procs[1].poll() is None and time.monotonic() < deadline, procs[1].stderr.read()[-3000:]
+            time.sleep(0.1)
+        procs[1].kill()
+        _, err0 = procs[0].communicate(timeout=400)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 2 and "Traceback" not in err0, err0[-3000:]
+    last = err0.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("mopd eval: error: rank 0 of 2: rank 1 died"), err0[-3000:]
+    assert f"kept under {out}" in last and "run the same command again" in last, last
