@@ -731,9 +731,12 @@ class PolicyTrainer:
 
 
 def _loss_head(cfg: Config):
-    """The fused PPO/OPD loss with this run's hyperparameters (role specs, clip, temperature)."""
-    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings
+    """The fused PPO/OPD loss with this run's hyperparameters (role specs, clip, temperature). A
+    training run is a long job: the compiled CPU row pass is worth its first-call compilation
+    (``MOPD_KERNELS_COMPILE=0`` keeps the eager one)."""
+    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, set_compiled_cpu_rows
 
+    set_compiled_cpu_rows(True)
     return FusedLinearPolicyLoss(PolicyLossSettings(
         role_specs=tuple(role_specs(cfg.algo)), clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high,
         dual_clip=cfg.algo.dual_clip, temperature=cfg.rollout.temperature))
