@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from mopd_kernels.terms import STAT_NAMES
 
 from mopd.core.records import AgentCall, Segment, WorkflowRecord
 from mopd.core.roles import role_id
@@ -71,9 +72,8 @@ def test_per_call_sums_and_advantages_round_trip():
 
 def test_loss_stats_weight_roles_by_tokens_and_count_skipped_updates():
     def stats(tokens, entropy):
-        return {r: {"tokens": torch.tensor(float(t)), "entropy_mean": torch.tensor(e), "clip_frac": torch.tensor(0.0),
-                    "advantage_mean": torch.tensor(0.0), "approx_kl": torch.tensor(0.0),
-                    "opd_log_ratio": torch.tensor(0.0), "pg_loss": torch.tensor(0.0), "kl": torch.tensor(0.0)}
+        return {r: {**{name: torch.tensor(0.0) for name in STAT_NAMES}, "tokens": torch.tensor(float(t)),
+                    "entropy_mean": torch.tensor(e)}
                 for r, (t, e) in enumerate(zip(tokens, entropy))}
 
     ls = LossStats()
