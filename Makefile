@@ -80,7 +80,7 @@ $(INTEGRATIONS_STAMP): kernels/pyproject.toml Makefile
 # mopd_kernels inside the real TRL GRPOTrainer and verl (marked integration; make test leaves them out).
 # MOPD_REQUIRE_INTEGRATIONS=1: a trainer that is missing fails, not skips.
 test-integrations: $(INTEGRATIONS_STAMP)
-	cd kernels && MOPD_REQUIRE_INTEGRATIONS=1 HF_HUB_OFFLINE=1 ../$(INTEGRATIONS_BIN)/python -m pytest -q -m integration tests
+	cd kernels && MOPD_REQUIRE_INTEGRATIONS=1 HF_HUB_OFFLINE=1 ../$(INTEGRATIONS_BIN)/python -m pytest -q -m integration tests/integrations
 
 demo: $(STAMP)
 	$(BIN)/mopd demo
