@@ -11,7 +11,7 @@ import torch
 from mopd.cli import main
 from mopd.train import checkpoint as ckpt
 from mopd.train.manifest import MANIFEST, verify_checkpoint
-from tests.reliability.runs import model_and_optimizer, step_dir, train_a_bit, trained_run, weights_of
+from tests.reliability.runs import model_and_optimizer, step_dir, train_a_bit, weights_of
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +20,6 @@ def other_size_model(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("other_model")
     return str(init_tiny_model(out, vocab_size=400, hidden=64, layers=1, heads=2, ffn=96, seed=1))
-
-
-@pytest.fixture(scope="module")
-def base_run(tiny_model_dir, qa_file, tmp_path_factory):
-    d = tmp_path_factory.mktemp("ck") / "run"
-    return d, trained_run(d, tiny_model_dir, qa_file)
-
-
-@pytest.fixture()
-def run(base_run, tmp_path):
-    """A copy of a 3-step trainer run (checkpoints 1, 2, 3) to damage; returns (dir, its config)."""
-    d = tmp_path / "run"
-    shutil.copytree(base_run[0], d)
-    base_run[1].trainer.out_dir = str(d)
-    return d, base_run[1]
 
 
 def _last_line(err: str) -> str:

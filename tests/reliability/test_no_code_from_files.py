@@ -5,7 +5,6 @@ older one, said in one line. RNG states still round-trip exactly, old RNG files 
 
 import pickle
 import random
-import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from mopd.cli import main
 from mopd.train import checkpoint as ckpt
 from mopd.train.manifest import write_manifest
 from mopd.train.safe_load import UnsafeCheckpointFile, load_rng_file, read_dcp_metadata
-from tests.reliability.runs import step_dir, trained_run, weights_of
+from tests.reliability.runs import step_dir, weights_of
 
 
 class _MakesMarker:
@@ -26,20 +25,6 @@ class _MakesMarker:
 
     def __reduce__(self):
         return exec, (f"open({self.path!r}, 'w').close()",)
-
-
-@pytest.fixture(scope="module")
-def base_run(tiny_model_dir, qa_file, tmp_path_factory):
-    d = tmp_path_factory.mktemp("nocode") / "run"
-    return d, trained_run(d, tiny_model_dir, qa_file)
-
-
-@pytest.fixture()
-def run(base_run, tmp_path):
-    d = tmp_path / "run"
-    shutil.copytree(base_run[0], d)
-    base_run[1].trainer.out_dir = str(d)
-    return d, base_run[1]
 
 
 def _plant(step, name, marker):
