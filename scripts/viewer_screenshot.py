@@ -44,7 +44,7 @@ def shoot_demo(run: Path, out: Path, row: int) -> Path:
 def screenshot(page: Path, out: Path, row: int) -> Path:
     """A PNG of ``page`` sorted by the largest difference, with list row ``row`` opened."""
     with chromium() as driver:
-        driver.get(page.as_uri())
+        driver.get(page.resolve().as_uri())
         wait_for(driver, "document.body.dataset.ready === '1'")
         driver.execute_script("const e = document.getElementById('f-sort'); e.value = 'diff';"
                               "e.dispatchEvent(new Event('change'))")
