@@ -22,7 +22,8 @@
 # Python: $PYTHON if set, else python3 (the GPU image's, with CUDA torch); .venv/bin/python for --dry-run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# mopd and mopd_kernels from this checkout (the GPU image has neither installed)
+export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
 
 dry=0
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
