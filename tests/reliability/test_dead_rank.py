@@ -32,6 +32,7 @@ def _rank_pid(port: int, rank: int) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_killed_rank_is_named_in_one_line_by_the_survivor(tiny_model_dir, qa_file, tmp_path):
     out, logs, port = tmp_path / "run", tmp_path / "logs", free_port()
     overrides = tiny_overrides(tiny_model_dir, qa_file, out, **{
@@ -43,9 +44,8 @@ def test_a_killed_rank_is_named_in_one_line_by_the_survivor(tiny_model_dir, qa_f
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=os.getcwd()))
     try:
-        deadline = time.monotonic() + 400
         while not (out / "checkpoints" / "step_000002" / "manifest.json").is_file():   # training for real
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
+            assert proc.poll() is None, "the run ended before step 2"   # a hang: the test's timeout mark
             time.sleep(0.2)
         pid = _rank_pid(port, 1)
         assert pid is not None
@@ -64,6 +64,7 @@ def test_a_killed_rank_is_named_in_one_line_by_the_survivor(tiny_model_dir, qa_f
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_killed_rank_of_a_data_parallel_evaluation_is_named_in_one_line(tiny_model_dir, tmp_path):
     """Two ranks of `mopd eval run` (started as torchrun would, without its agent: nothing else
     stops rank 0); rank 1 is killed after its first chunk, rank 0 meets the loss at the end meeting."""
@@ -80,9 +81,8 @@ def test_a_killed_rank_of_a_data_parallel_evaluation_is_named_in_one_line(tiny_m
         MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), CUDA_VISIBLE_DEVICES="")) for r in range(2)]
     try:
         part = out / "ranks" / "rank1-of-2" / "records.jsonl"
-        deadline = time.monotonic() + 400
         while not (part.is_file() and part.stat().st_size > 0):
-            assert procs[1].poll() is None and time.monotonic() < deadline, procs[1].stderr.read()[-3000:]
+            assert procs[1].poll() is None, procs[1].stderr.read()[-3000:]   # a hang: the test's timeout mark
             time.sleep(0.1)
         procs[1].kill()
         _, err0 = procs[0].communicate(timeout=400)
