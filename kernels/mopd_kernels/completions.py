@@ -9,14 +9,13 @@ row, and the aggregation becomes per-token weights.
 
     loss_fn = FusedLinearGRPOLoss(PolicyLossSettings([RoleSpec(kl_coef=0.04, entropy_coef=0.01)],
                                                      clip_low=0.2, clip_high=0.28, temperature=0.7),
-                                  Aggregation("dapo" ...))
+                                  Aggregation("token-mean", global_tokens=N))   # DAPO
     loss, stats = loss_fn(hidden, lm_head.weight, Completions(completion_ids, mask, advantages,
                                                              old_logp=old, ref_logp=ref))
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
@@ -121,7 +120,3 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"{self.settings!r}, {self.aggregation!r}"
 
-
-def with_counts(aggregation: Aggregation, **counts) -> Aggregation:
-    """``aggregation`` with some of its global counts replaced (one call's share of the batch)."""
-    return dataclasses.replace(aggregation, **counts)

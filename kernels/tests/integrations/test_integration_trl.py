@@ -120,10 +120,11 @@ def test_same_loss_and_gradients_as_grpo_trainer_fp32(name, model_dir, tmp_path)
             assert abs(ours._metrics["train"][key][-1] - theirs._metrics["train"][key][-1]) < 1e-5, key
 
 
-BF16_TOL = {"loss": 2e-2, "grad": 5e-2}
-"""Under bf16 autocast both lm heads round the logits to bf16 (as F.linear does), but not the same
-way: TRL's tiles of 4,096 x hidden vs the fused loss's chunk matmuls, and their fp32 softmaxes differ
-in order, so the two agree to bf16's precision only (measured: loss within ~1e-3, gradients ~1e-2)."""
+BF16_TOL = {"loss": 1e-4, "grad": 2e-2}
+"""Under bf16 autocast both lm heads round the logits to bf16 (as F.linear does), but in different
+tiles and with fp32 softmaxes summed in another order, so they agree to bf16's precision only.
+Measured on this batch (2026-12-05): loss 4e-9 to 1.5e-8 relative, lm-head gradient 2.8e-3 to 3.3e-3,
+the largest over all parameters 9e-3 to 1.3e-2."""
 
 
 @pytest.mark.parametrize("name", ["grpo-beta-bias-corrected", "dapo"])
