@@ -14,7 +14,8 @@ role table (``mopd.core.roles``) says which:
   prompt's G trajectories.
 - ``request`` roles (the Answerer): over the calls of one request (``AgentCall.group``: the
   candidates of one answering request).
-- OPD roles take no outcome advantage: per token ``beta * (teacher_logp - old_logp)``.
+- OPD roles take no outcome advantage: the loss forms theirs per token from the teacher
+  (``mopd_kernels.terms.token_advantages``, the one place that formula is written).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from mopd.config import AlgoConfig, Config
 from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.core.roles import role as role_of
 from mopd.core.roles import role_id, role_names
-
-"""Row of each role in the role_specs list handed to the fused loss (leader 0, searcher 1, answerer 2)."""
 
 
 def group_normalize(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
@@ -144,7 +143,10 @@ def call_token_signals(call: AgentCall, advantage: float | None) -> Tuple[List[i
     """Per-token role id and advantage of one call: the role on model-written tokens, -1 elsewhere.
 
     Outcome roles carry their call advantage on every model token; OPD roles (advantage None)
-    carry 0 there, and the loss turns ``teacher_logp - old_logp`` into their advantage.
+    carry 0 there, and the loss forms their advantage from the teacher
+    (``mopd_kernels.terms.token_advantages``). ``train.step_batches.pack_records`` packs these
+    lists with advantage None (0 everywhere) and writes each call's advantage on the same
+    positions once the step's advantages are known.
     """
     rid = role_id(call.role)
     a = 0.0 if advantage is None else float(advantage)

@@ -54,7 +54,8 @@ class StepBatches:
         return out
 
     def fill_advantages(self, advantages: Sequence[Dict[str, float]]) -> None:
-        """Write each call's advantage on its trained positions (OPD calls, with none, keep 0)."""
+        """Write each call's advantage on its trained positions, those ``call_token_signals`` gave its
+        role (OPD calls, with none, keep 0: the loss forms their advantage from the teacher)."""
         by_batch = self._by_batch()
         for b, batch in enumerate(self.batches):
             seq_adv = torch.zeros(_num_seqs(batch), dtype=torch.float32)
@@ -93,15 +94,16 @@ def pack_records(records: Sequence[WorkflowRecord], budget: int, *, device: torc
     pad = 8 if device.type == "cuda" else 1
     batches: List[PackedBatch] = []
     for b, members in enumerate(plan):
-        toks, roles, lps = [], [], []
+        toks, roles, advs, lps = [], [], [], []
         for s, idx in enumerate(members):
             r = refs[idx]
             r.batch, r.seq = b, s
-            rl, _ = call_token_signals(r.call, 0.0)
+            # advantages are not known before scoring (the KL in reward needs it): 0 until filled
+            rl, av = call_token_signals(r.call, None)
             toks.append(r.call.token_ids())
             roles.append(rl)
+            advs.append(av)
             lps.append(r.call.sampling_logprobs())
-        advs = [[0.0] * len(rl) for rl in roles]
         batches.append(build_packed_batch(toks, roles, advs, lps, items=members, pad_to_multiple=pad,
                                           pad_id=pad_id).to(device))
     return StepBatches(refs, batches)
