@@ -102,14 +102,6 @@ def n_correct_counts(correct: np.ndarray, dataset_index: np.ndarray, n_datasets:
     return np.einsum("...qj,qd->...dj", onehot, member)
 
 
-def n_correct_distribution(correct: np.ndarray, dataset_index: np.ndarray, n_datasets: int
-                           ) -> Tuple[np.ndarray, np.ndarray]:
-    """Fractions of questions with n_i = 0..K: per dataset [..., D, K+1] and macro [..., K+1]."""
-    counts = n_correct_counts(correct, dataset_index, n_datasets)
-    per_dataset = counts / counts.sum(-1, keepdims=True)
-    return per_dataset, per_dataset.mean(-2)
-
-
 def validation_counts(records) -> List[float]:
     """[strict correct, workflows, search actions, workflows without a search] of a batch of
     records: sums, so that ranks can add theirs before :func:`validation_metrics` divides."""

@@ -30,10 +30,6 @@ class RetrieverRequestError(ValueError):
     """The server rejected a request as malformed (HTTP 4xx)."""
 
 
-class _Retryable(Exception):
-    pass
-
-
 def read_token(path: str) -> str:
     """The shared token in the file ``path`` (its first line), or ValueError saying what is wrong."""
     try:

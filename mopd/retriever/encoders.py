@@ -172,10 +172,6 @@ def load_encoder(name: str = "minilm", path: str | None = None, device: str | No
     return _CACHE[key]
 
 
-def encoder_names() -> list[str]:
-    return sorted(ENCODERS)
-
-
 # --------------------------------------------------------------------------------------------
 # One query encoder per GPU: the server's faiss-gpu index is sharded over every visible GPU, and
 # the encoder on cuda:0 alone made that GPU the one that also encodes every query.

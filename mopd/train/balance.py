@@ -63,15 +63,3 @@ def _split_to_count(bins: list[list[int]], lengths: Sequence[int], count: int) -
         bins.remove(fullest)
         bins += list(split_balanced(fullest, lengths))
     return bins
-
-
-def agreed_count(local_count: int, device=None) -> int:
-    """The largest micro-batch count over ranks (the local count when not distributed)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return max(local_count, 1)
-    t = torch.tensor([max(local_count, 1)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mopd.train.balance import agreed_count, deal_into, micro_batch_count
+from mopd.train.balance import deal_into, micro_batch_count
 from mopd.train.packing import pack_sequences
 
 
@@ -56,7 +56,3 @@ def test_lpt_overshoot_falls_back_to_first_fit_splits():
     check_plan(deal_into(lengths, 100, 2), lengths, 100, 2)
     lengths = [5, 5, 4, 3, 3, 3, 3, 2, 2]       # total 30 into 3 bins of 10: first-fit fits, LPT may not
     check_plan(deal_into(lengths, 10, 3), lengths, 10, 3)
-
-
-def test_agreed_count_without_a_process_group_is_the_local_one():
-    assert agreed_count(3) == 3 and agreed_count(0) == 1
