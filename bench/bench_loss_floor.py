@@ -15,7 +15,8 @@ the first ``--baseline-rounds`` rounds only):
   set-up: clipped surrogate, k3 KL with beta 0.04, 1/4 of tokens masked). ``--loss roles`` runs
   bench_kernels.py's three-role loss with entropy terms instead (no Liger equivalent).
 - ``eager``: ours with the compiled row pass switched off (``MOPD_KERNELS_COMPILE=0``), i.e. the
-  row pass before issue 36 (except that scoring now skips the entropy there too), same process.
+  row pass before the compiled one existed (except that scoring now skips the entropy there too), same
+  process.
 
 Each row prints the medians and the ratios ``ours / floor``, ``eager / floor``, ``ours / naive``
 and ``ours / Liger``. Compilation (the first call of ours) happens in an untimed warm-up.

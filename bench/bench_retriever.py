@@ -11,7 +11,7 @@ window), the same server unsliced (``slice_work``, ``max_batch_work``, ``max_who
 unbounded) and no batching
 -- and, round by round with the order rotating, each mix against each: 1, 32 and 128 clients of
 one-query requests, 1 and 4 clients of 64-query requests, every client sending back to back.
-Targets (issue 28): default >= 0.95x unsliced for every mix, >= 1x no batching for one client. The
+Targets: default >= 0.95x unsliced for every mix, >= 1x no batching for one client. The
 fairness table (small clients' p99 next to a 1,024-query request) is ``bench_retriever_latency.py``.
 """
 

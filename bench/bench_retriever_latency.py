@@ -5,7 +5,7 @@ latencies are measured alone, then while another client keeps sending the larges
 server allows (``ServerLimits`` defaults: 1,024 queries x topk 8 = 8,192 results), with
 search-length queries and with queries of the maximum length (2,048 characters). The last phase
 repeats the search-length case with slicing switched off (one slice = the whole request: how the
-server behaved before), to show what the scheduling buys. Target (issue 17): p99 with the large
+server behaved before), to show what the scheduling buys. Target: p99 with the large
 request below 2x the p99 without it.
 
 Run: .venv/bin/pytest -q bench/bench_retriever_latency.py --benchmark-only -s

@@ -55,7 +55,7 @@ if [ "$rc" = 124 ]; then
   echo "FAIL gpu_check: kernels timed out after 265 s"
 fi
 
-# Packed attention without flash-attn (issue 36): torch's varlen_attn against flash-attn (when
+# Packed attention without flash-attn: torch's varlen_attn against flash-attn (when
 # installed) and the padded SDPA batch on a 16k-token row of mixed calls; auto's choice. The CPU
 # dry run (a pure-torch stand-in for the kernel) gets a loaded box's 120 s.
 att_args=()
@@ -76,7 +76,7 @@ step_rc=${PIPESTATUS[0]}
 [ "$step_rc" = 124 ] && echo "FAIL gpu_check: training step timed out after 70 s"
 [ "$rc" = 0 ] && rc=$step_rc
 
-# The FSDP2 training path at world size 1, the teacher, the colocation cycle, checkpoints (issue 14).
+# The FSDP2 training path at world size 1, the teacher, the colocation cycle, checkpoints.
 fsdp_args=()
 [ "$dry" = 1 ] && fsdp_args+=(--dry-run)
 [ -n "${OUT:-}" ] && fsdp_args+=(--out "$OUT/fsdp_step.json")

@@ -1,4 +1,4 @@
-"""How much does accumulating ``grad_W`` in bf16 across row chunks cost in precision? (issue 45, item 5)
+"""How much does accumulating ``grad_W`` in bf16 across row chunks cost in precision?
 
 ``mopd_kernels``' chunk loops add each chunk's ``dlogits^T @ h_c`` into ``grad_W`` in the weight's
 dtype: bf16 inputs round the running sum to bf16 once per chunk (about ten times at T=16,384 with

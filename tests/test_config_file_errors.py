@@ -1,4 +1,4 @@
-"""A config file whose top level or a section is not a mapping is a one-line error (issue 17)."""
+"""A config file whose top level or a section is not a mapping is a one-line error."""
 
 import pytest
 

@@ -8,7 +8,7 @@ stale lock behind; the PID written into the file only names the holder in the re
 it two ``--resume`` of one run both continue from the same checkpoint, interleave their
 ``metrics.jsonl`` lines and race on the checkpoint renames; an export could read a checkpoint
 that the run's retention is deleting; two evaluations into one ``--out`` both append every
-workflow's record (issue 34). It lives in ``mopd.core`` because training and evaluation both take it.
+workflow's record. It lives in ``mopd.core`` because training and evaluation both take it.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class Connections:
 
     aiohttp has no bound on connections: each idle one holds a file descriptor until it times out,
     and at the process's open-file limit accepting stops, for well-behaved clients too (about 4,200
-    idle connections stalled every search, issue 48). :meth:`attach` hooks the aiohttp server's
+    idle connections stalled every search). :meth:`attach` hooks the aiohttp server's
     connection callbacks; past ``bound`` open connections each new one makes room by closing the
     longest-idle one (never one being answered)."""
 
@@ -351,8 +351,9 @@ def freeze_heap() -> int:
     A full collection scans every tracked object. In a server holding torch and transformers that
     took 243 ms on the 2-core box, once every few seconds under load (the large answers' objects
     trigger it), and every request in flight waited for it: it was the small clients' p99 next to a
-    large request (bench/RESULTS.md, issue 36). Frozen objects are never collected, which costs
-    nothing here: what the server loaded lives as long as it does. Call it once, after loading."""
+    large request (bench/RESULTS.md, "Against Search-R1's retrieval server"). Frozen objects are
+    never collected, which costs nothing here: what the server loaded lives as long as it does.
+    Call it once, after loading."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -3,9 +3,9 @@
 Encoding one short query is a few hundred tiny matrix products ([~10 tokens, 384] x [384, 1536]
 for MiniLM); split over OpenMP threads, each product pays a fork/join whose cost is of the order of
 the product itself, and on a busy machine a join waits for a descheduled thread. Measured on the
-2-core box (bench/RESULTS.md, issue 36): one query took 13 ms of CPU on one thread and 18 ms on
-two, and its wall time was no shorter on two. Large batches still use every thread (64 queries:
-275 ms on two threads against 364 ms on one).
+2-core box (bench/RESULTS.md, "Against Search-R1's retrieval server"): one query took 13 ms of CPU
+on one thread and 18 ms on two, and its wall time was no shorter on two. Large batches still use
+every thread (64 queries: 275 ms on two threads against 364 ms on one).
 
 Torch's thread count is process-wide, so this is for a process whose searches are its only torch
 work (``mopd retriever serve``: the batcher's one worker thread); each call restores the count it

@@ -101,7 +101,7 @@ def _comparable(ident: dict) -> dict:
         if fp:
             out[f"{name}.resolved_path"] = fp.get("path")
             out[f"{name}.weights"] = fp.get("weights")
-            if "chat_template" in fp:   # recorded since issue 34: every prompt is rendered with it
+            if "chat_template" in fp:   # absent from older runs' run.json; every prompt is rendered with it
                 out[f"{name}.chat_template"] = fp["chat_template"]
     for split, fp in (ident.get("data") or {}).items():
         if fp:

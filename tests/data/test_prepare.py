@@ -1,4 +1,4 @@
-"""`mopd data prepare` (issue 33): the paper's splits from FlashRAG's folder layout and Search-R1's parquet."""
+"""`mopd data prepare`: the paper's splits from FlashRAG's folder layout and Search-R1's parquet."""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""`mopd data build-splits` refuses an empty training pool or an empty split, writing nothing (issue 17)."""
+"""`mopd data build-splits` refuses an empty training pool or an empty split, writing nothing."""
 
 import json
 

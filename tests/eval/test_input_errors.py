@@ -1,4 +1,4 @@
-"""`mopd score` and `mopd eval report` on bad inputs: one line, exit 2, no traceback (issue 17)."""
+"""`mopd score` and `mopd eval report` on bad inputs: one line, exit 2, no traceback."""
 
 import pytest
 

@@ -42,7 +42,7 @@ def flat_index(root, n=12, dim=384, seed=0):
     faiss.write_index(flat_vectors(n, dim, seed), str(out / "index.faiss"))
     meta = IndexMeta(kind="flat", encoder="minilm", dim=dim, corpus_path=str(corpus.resolve()),
                      corpus_fingerprint=corpus_fingerprint(corpus), num_passages=n)
-    if hasattr(index_store, "data_hash"):       # (absent before issue 34: the probes run there too)
+    if hasattr(index_store, "data_hash"):       # (absent from older versions: the probes run there too)
         meta.data_hash = index_store.data_hash(out, meta)
     write_meta(out, meta)
     return out

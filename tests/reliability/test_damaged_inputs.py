@@ -1,4 +1,4 @@
-"""Damaged and mismatched inputs are one line, not a traceback (issue 34, item 5): index files
+"""Damaged and mismatched inputs are one line, not a traceback: index files
 (no meta.json, a truncated BM25 file, a truncated index.faiss or one of another index or
 dimension), a retriever answer of the wrong shape, model files (truncated safetensors, a
 config.json of another size, a tokenizer larger than the embedding), arguments (`serve --port

@@ -1,4 +1,4 @@
-"""A rank that dies ends the surviving ranks with one line naming it (issue 48): after `kill -9` of
+"""A rank that dies ends the surviving ranks with one line naming it: after `kill -9` of
 rank 1 of a 2-rank `mopd train` under torchrun, rank 0 said nothing but a gloo traceback from an
 all-reduce; now its last line names rank 1 and the checkpoint to resume from, with no traceback."""
 

@@ -1,4 +1,4 @@
-"""A full disk (issue 27): the run directory needs room for a checkpoint before the first step,
+"""A full disk: the run directory needs room for a checkpoint before the first step,
 and a save that runs out of space says "no space left on DEVICE: N MB needed, the previous
 checkpoint STEP is intact" instead of torch's zip-writer error, leaving the previous one intact.
 

@@ -1,4 +1,4 @@
-"""One writer per evaluation (issue 34, item 2): `mopd eval run` holds the lock training holds on
+"""One writer per evaluation: `mopd eval run` holds the lock training holds on
 its --out, so a second one is refused naming the first; a continued evaluation with an edited
 manifest is refused in one line (a larger --limit of the same manifest continues); a records file
 never keeps two records of one workflow; `eval report` refuses systems whose records share ids

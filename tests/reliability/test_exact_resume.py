@@ -1,4 +1,4 @@
-"""A step is dealt when it is done (issue 34, item 1): a run stopped by a retriever outage, SIGINT
+"""A step is dealt when it is done: a run stopped by a retriever outage, SIGINT
 or SIGTERM at any point of a step, with any trainer.checkpoint_every, resumes to exactly the run
 that was never stopped (weights, optimizer state, metrics.jsonl lines), and a signal during a
 checkpoint write ends in one line with the previous checkpoint intact.

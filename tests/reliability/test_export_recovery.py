@@ -1,4 +1,4 @@
-"""Exports recover (issue 34, item 3): a re-export killed at any point leaves the earlier or the new
+"""Exports recover: a re-export killed at any point leaves the earlier or the new
 export at the target, or (where the filesystem cannot exchange two directories, between the two
 renames) the earlier one in a hidden folder that the next export or `mopd export --repair` puts
 back; nothing hidden is left to accumulate. And a malformed checkpoints/best.json (item 5) is

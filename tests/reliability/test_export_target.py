@@ -1,5 +1,5 @@
-"""`mopd export` and `mopd train --export` never delete what the user did not ask to delete
-(issue 27): they write a new or empty directory, or replace an earlier export of the same run
+"""`mopd export` and `mopd train --export` never delete what the user did not ask to delete:
+they write a new or empty directory, or replace an earlier export of the same run
 (its marker file), and refuse anything else with one line, with the user's files untouched."""
 
 import json

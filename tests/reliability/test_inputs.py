@@ -1,4 +1,4 @@
-"""Inputs that used to pass and go wrong later (issue 27): a gold answer that normalises to
+"""Inputs that used to pass and go wrong later: a gold answer that normalises to
 nothing (it pays full exact match for an article or an empty answer) and NaN or infinite config
 floats (they pass every range comparison, then fail inside AdamW or the loss kernel)."""
 
@@ -14,7 +14,7 @@ from mopd.core.scoring import exact_match, extract_answer
 
 @pytest.mark.parametrize("gold", ["", "   ", "the", " An ", ".", "A"])
 def test_an_empty_gold_answer_is_dropped_and_a_row_with_only_empty_ones_refused(tmp_path, gold):
-    """Issue 33: one empty alias (FlashRAG has rows like ["A", ...]) drops that alias, counted, not
+    """One empty alias (FlashRAG has rows like ["A", ...]) drops that alias, counted, not
     the row; a row whose every alias is empty is refused with its line and id."""
     assert exact_match(extract_answer("<answer>the</answer>"), [gold]) == 1.0     # what it would pay
     f = tmp_path / "train.jsonl"

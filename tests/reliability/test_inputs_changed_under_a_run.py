@@ -1,4 +1,4 @@
-"""Inputs that change under a run (issue 34, item 4): a corpus rewritten under an in-process
+"""Inputs that change under a run: a corpus rewritten under an in-process
 retriever or a running server was a SIGBUS (exit 135, no message) because the corpus was
 memory-mapped; now it is read, and a change is one line (the retriever then answers again once
 the same rows are back). An index whose corpus changed since it was built is refused where it

@@ -1,5 +1,5 @@
 """Model directories that cannot be loaded and output paths that cannot be written are refused
-with one line before anything loads or is written (issue 27: `--model RUN`, a model without a
+with one line before anything loads or is written (`--model RUN`, a model without a
 usable tokenizer, an unknown architecture, `--out FILE`, `trainer.out_dir=FILE/run`, `--file DIR`)."""
 
 import json

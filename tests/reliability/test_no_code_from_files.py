@@ -1,4 +1,4 @@
-"""Nothing read from a run directory or checkpoint runs code (issue 48): a crafted pickle in
+"""Nothing read from a run directory or checkpoint runs code: a crafted pickle in
 ``rng_rank0.pt`` or DCP's ``.metadata``, with a manifest that verifies (anyone can recompute it),
 never creates its marker file on ``--resume`` or ``mopd export``; the checkpoint is skipped for an
 older one, said in one line. RNG states still round-trip exactly, old RNG files included."""

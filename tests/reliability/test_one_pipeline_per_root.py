@@ -1,4 +1,4 @@
-"""One writer per pipeline root and per run (issue 48): a second `mopd pipeline` on a root in use is
+"""One writer per pipeline root and per run: a second `mopd pipeline` on a root in use is
 refused in one line naming the holder, and a pipeline's in-process training stage holds its run
 directory's lock as `mopd train` does (two pipelines trained Stage I twice into one directory)."""
 

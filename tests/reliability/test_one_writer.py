@@ -1,4 +1,4 @@
-"""One writer per run directory, and no silent fresh start (issue 27): a second `mopd train`
+"""One writer per run directory, and no silent fresh start: a second `mopd train`
 (`--resume` or not) or `mopd export` of a run in use is refused naming the holder's PID; the lock
 goes with its process, even a killed one; `--resume` into a directory without a run is an error
 that names `--resume-or-start`, which starts the run."""

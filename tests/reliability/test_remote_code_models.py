@@ -1,6 +1,6 @@
 """A model directory that needs its own Python code (``auto_map``, no ``model_type``) is refused in
 one line by every command that loads a model, never asked about and never run, unless
-``model.trust_remote_code=true`` opts in (recorded in run.json) (issue 48)."""
+``model.trust_remote_code=true`` opts in (recorded in run.json)."""
 
 import json
 import shutil

@@ -1,5 +1,5 @@
 """A client that hangs up in the middle of its request body is logged as one line, without a
-traceback, and the server goes on answering (issue 27)."""
+traceback, and the server goes on answering."""
 
 import json
 import logging

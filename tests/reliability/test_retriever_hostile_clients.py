@@ -1,5 +1,5 @@
 """The retrieval server under clients that connect and send nothing, send slowly, or do not know
-the token (issue 48): idle and slow connections time out, open connections are bounded below the
+the token: idle and slow connections time out, open connections are bounded below the
 open-file limit (the longest-idle one closed for a new one, said in one log line), so another
 client's search is answered; `--port 0` prints the port it listens on; `--token-file` answers 401
 without the token and the client sends it from ``retriever.token_file``."""

@@ -1,4 +1,4 @@
-"""Search-R1 parquet files that are not quite the layout are checked like JSONL (issue 48): a gold
+"""Search-R1 parquet files that are not quite the layout are checked like JSONL: a gold
 answer that is a mapping or a number is refused naming the row and field (taking a mapping's keys
 made every score on the split wrong), a prompt whose content is not a string is one line naming
 the row (it was a TypeError traceback), and a file without ``data_source`` is one line (it was

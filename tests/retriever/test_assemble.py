@@ -1,4 +1,4 @@
-"""`mopd retriever assemble` (issue 33): Search-R1's wiki-18 layout, index parts and a gzipped corpus."""
+"""`mopd retriever assemble`: Search-R1's wiki-18 layout, index parts and a gzipped corpus."""
 
 import gzip
 import hashlib

@@ -1,4 +1,4 @@
-"""build-index says what it will write and how long it will take before the work (issue 33), refuses
+"""build-index says what it will write and how long it will take before the work, refuses
 a disk that cannot hold it, and can encode on several devices at once."""
 
 import re

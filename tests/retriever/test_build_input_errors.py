@@ -1,4 +1,4 @@
-"""`mopd retriever build-index` on a bad corpus: one line, and no half-built directory (issue 17)."""
+"""`mopd retriever build-index` on a bad corpus: one line, and no half-built directory."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The query encoder on every GPU the server uses (issue 33), tested with fake device counts."""
+"""The query encoder on every GPU the server uses, tested with fake device counts."""
 
 import hashlib
 import threading

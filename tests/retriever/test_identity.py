@@ -1,4 +1,4 @@
-"""No silent bundled corpus, and what a run records of its retriever (issue 33, item 3)."""
+"""No silent bundled corpus, and what a run records of its retriever."""
 
 import json
 import shutil

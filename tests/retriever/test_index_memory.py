@@ -1,4 +1,4 @@
-"""A flat FAISS index is memory-mapped where faiss can, else refused when it does not fit (issue 33).
+"""A flat FAISS index is memory-mapped where faiss can, else refused when it does not fit.
 
 faiss's IO_FLAG_MMAP maps only IVF lists: a flat index read with it was copied into RAM whole
 (65 GB of host memory for wiki-18). IO_FLAG_MMAP_IFC maps the vectors from the file."""

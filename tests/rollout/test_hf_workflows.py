@@ -101,7 +101,7 @@ def test_steered_searches_give_token_exact_multi_turn_calls(steered, tokenizer):
     records = run(steered, tokenizer, "cmas", temperature=0.8)
     searchers = [c for r in records for c in r.calls_of("searcher")]
     # steps 1-3 search; step 4 orders a report, but the steered model searches again: that query is
-    # not run, yet it counts as a search action, as the paper counts them (issue 16, point 8)
+    # not run, yet it counts as a search action, as the paper counts them
     assert all(r.search_actions == 4 for r in records)
     assert all(sum(e.kind == "search" and not e.passages for e in r.events) == 1 for r in records)
     assert all(s.outputs()[0] == "<search>band</search>" for s in searchers)

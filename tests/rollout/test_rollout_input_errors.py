@@ -1,4 +1,4 @@
-"""`mopd rollout` refuses a directory as --out and --limit 0 before running anything (issue 17)."""
+"""`mopd rollout` refuses a directory as --out and --limit 0 before running anything."""
 
 import pytest
 

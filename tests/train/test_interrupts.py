@@ -1,4 +1,4 @@
-"""SIGTERM saves like SIGINT (issue 17, item 6)."""
+"""SIGTERM saves like SIGINT."""
 
 import os
 import signal

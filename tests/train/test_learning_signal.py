@@ -1,6 +1,6 @@
 """Steps without a learning signal are named and, after trainer.max_signalless_steps in a row, stop
 the run with a checkpoint; validations say each role's format validity; the engine-vs-trainer
-log-prob gap is a metric (issue 37)."""
+log-prob gap is a metric."""
 
 import json
 import re

@@ -136,7 +136,7 @@ def _resident_gib(plan):
 @pytest.mark.parametrize("gpu_gib,retriever_gib,share", [(80, 6, 0.76), (141, 6, 0.85), (139, 0, 0.85),
                                                           (40, 6, 0.53), (40, 0, 0.68)])
 def test_left_empty_vllms_share_is_what_the_rollout_phase_leaves(gpu_gib, retriever_gib, share):
-    """Issue 33: at the old fixed 0.85, 8 H100s beside a 6 GiB retriever needed 84.7 of 80 GiB. The plan
+    """At the old fixed 0.85, 8 H100s beside a 6 GiB retriever needed 84.7 of 80 GiB. The plan
     now gives vLLM what the trainer's resident state leaves, less 2 GiB, at most 0.85: on an H100
     (80 - 1.87 master - 3.75 AdamW - 2.04 teacher shard - 3 context - 6 retriever - 2) / 80 = 0.767."""
     cfg = resolve("mopd", [f"model.path={QWEN}"])

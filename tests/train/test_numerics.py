@@ -1,4 +1,4 @@
-"""FSDP2 numerics on CPU, 2 processes over gloo, bf16 mixed precision (docs/architecture.md, "Performance targets"; issue 14):
+"""FSDP2 numerics on CPU, 2 processes over gloo, bf16 mixed precision (docs/architecture.md, "Performance targets"):
 fp32 master weights and AdamW state, loss inputs reaching the kernel in fp32 bit for bit, a
 20-step lr-1e-6 update that matches an fp32 reference (where bf16 parameters do not), and the
 2-rank gradient equal to the single-process gradient (the global token mean survives FSDP2's

@@ -1,4 +1,4 @@
-"""A run directory refuses to mix two runs (issue 17, items 2, 3 and 7)."""
+"""A run directory refuses to mix two runs."""
 
 import json
 import shutil

@@ -1,4 +1,4 @@
-"""Scale, said before it costs (issue 33, item 6): more ranks than questions a step are refused in one
+"""Scale, said before it costs: more ranks than questions a step are refused in one
 line, an uneven deal is said, and under torchrun every rank checks that it sees the run directory
 rank 0 writes (several nodes need a shared filesystem)."""
 

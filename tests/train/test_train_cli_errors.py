@@ -1,5 +1,5 @@
 """`mopd train` refuses bad inputs and mixed run directories with one line, before loading a model
-(issue 17: items 2 and 3 at the command line, and the listed inputs)."""
+(at the command line, and the listed inputs)."""
 
 import json
 import socket

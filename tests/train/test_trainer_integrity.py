@@ -1,4 +1,4 @@
-"""The trainer's side of issue 17 and issue 16 point 5: SIGTERM saves, a resume without a checkpoint
+"""The trainer keeps a run whole: SIGTERM saves, a resume without a checkpoint
 starts metrics afresh, and the best-validation checkpoint is kept beside the last K."""
 
 import json
