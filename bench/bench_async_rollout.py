@@ -211,7 +211,7 @@ def _alternate(retriever, label: str, retrieval_workers: int) -> None:
 
     import torch
 
-    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.rollout.async_scheduler import run_workflows_async
     from mopd.rollout.hf_engine import HFEngine
     from mopd.rollout.run_state import WorkflowSettings
@@ -262,8 +262,8 @@ def make_traces(world: Path, model_dir: Path, out: Path, attempts: int = 3, poli
     from rollout_sim import save_traces, trace_runs
     from transformers import AutoTokenizer
 
-    from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
-    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.retriever import open_retriever
     from mopd.rollout.hf_engine import HFEngine
     from mopd.rollout.run_state import WorkflowSettings

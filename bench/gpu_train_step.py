@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import torch
 
     from mopd.config import resolve
-    from mopd.data.tiny_model import init_tiny_model
+    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
     from mopd.train.trainer import PolicyTrainer
 
     tmp = Path(tempfile.mkdtemp(prefix="mopd_gpu_step_"))

@@ -1,7 +1,8 @@
 """The `mopd` command line: one console script, one subcommand per area.
 
 Each area keeps its commands in its own ``commands`` module with a ``register(subparsers)``
-function; they are imported only when the command line is built, so ``mopd --help`` stays fast
+function, and so does each recipe that brings commands (:func:`mopd.core.recipes.recipe_command_modules`);
+they are imported only when the command line is built, so ``mopd --help`` stays fast
 and an area's heavy imports (torch, transformers, faiss) happen only when its command runs.
 """
 
@@ -11,6 +12,8 @@ import argparse
 import importlib
 import sys
 from typing import List, Optional
+
+from mopd.core.recipes import recipe_command_modules
 
 # Areas whose commands the CLI offers, in --help order.
 COMMAND_MODULES = [
@@ -33,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES + recipe_command_modules():
         importlib.import_module(name).register(sub)
     return parser
 

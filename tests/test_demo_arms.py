@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mopd.config import to_yaml
-from mopd.demo import ABLATION_ARMS, STAGE2_ARMS, DemoSettings, demo_config
+from mopd.recipes.tiny_world.demo import ABLATION_ARMS, STAGE2_ARMS, DemoSettings, demo_config
 from mopd.pipeline.stages import TrainStage, plan
 
 
@@ -78,7 +78,7 @@ def test_arms_side_by_side_equal_arms_one_after_the_other(tmp_path):
     exported at its last step."""
     from safetensors.torch import load_file
 
-    from mopd.demo import run_demo
+    from mopd.recipes.tiny_world.demo import run_demo
 
     a = tmp_path / "a"
     s = DemoSettings(out=str(a), quick=True, stage1_steps=1, stage2_steps=2, test_questions=2, attempts=1,

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-import mopd.data.tinyworld as tinyworld
+import mopd.recipes.tiny_world.world as tinyworld
 import mopd.pipeline.run as pipeline_run
-from mopd.demo import DemoSettings, run_demo
+from mopd.recipes.tiny_world.demo import DemoSettings, run_demo
 from tests.helpers.stamps import stamps
 
 _LOG: list = []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mopd.demo import DemoSettings, demo_config
+from mopd.recipes.tiny_world.demo import DemoSettings, demo_config
 from mopd.pipeline import inprocess
 from mopd.pipeline.stages import EvalStage, plan as stages_of
 

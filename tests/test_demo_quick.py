@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from mopd.demo import DemoSettings, run_demo, spread_over_datasets
+from mopd.recipes.tiny_world.demo import DemoSettings, run_demo, spread_over_datasets
 from tests.helpers.stamps import stamps
 
 
@@ -91,7 +91,7 @@ def test_claims_are_paired_differences_of_avg(tmp_path):
     """check_claims against hand-made records: the trained system gets exactly 2 more attempts of 4 right
     on every question, so the paired difference is +0.5 in every draw (unpaired draws would spread it)."""
     from mopd.core.records import WorkflowRecord, write_records
-    from mopd.demo_report import check_claims
+    from mopd.recipes.tiny_world.report import check_claims
 
     def run(name, correct_per_q, workflow):
         recs = []

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from mopd.core.records import Event, WorkflowRecord, write_records
-from mopd.demo_report import (CLAIMS, ReportInputs, check_claims, claims_table, verdict, with_claim_fields,
+from mopd.recipes.tiny_world.report import (CLAIMS, ReportInputs, check_claims, claims_table, verdict, with_claim_fields,
                               write_report)
 
 BASE = [0, 1, 2, 1, 0, 2, 1, 2]
@@ -135,7 +135,7 @@ def _seed_dir(root, n, claims, activity=None):
 
 
 def test_seed_summary_reads_older_claims_and_shows_every_claim_in_order(tmp_path):
-    from mopd.demo_report import write_seed_summary
+    from mopd.recipes.tiny_world.report import write_seed_summary
 
     # seed 1: an older run (claims.json without kind/label, no role activity in metrics.json)
     _seed_dir(tmp_path, 1, [_claim("C-MAS + RL", "C-MAS base", 0.3, [0.25, 0.35], new=False),
@@ -176,7 +176,7 @@ def test_seed_summary_of_the_committed_older_seed_reports(tmp_path):
     import shutil
     from pathlib import Path
 
-    from mopd.demo_report import write_seed_summary
+    from mopd.recipes.tiny_world.report import write_seed_summary
 
     docs = Path(__file__).resolve().parents[1] / "docs" / "demo_seeds_chain_world"
     for n in (1, 2):
@@ -191,7 +191,7 @@ def test_seed_summary_of_the_committed_older_seed_reports(tmp_path):
 
 
 def test_seed_summary_shows_each_claim_per_question_type(tmp_path):
-    from mopd.demo_report import write_seed_summary
+    from mopd.recipes.tiny_world.report import write_seed_summary
 
     for n, shift in ((1, 0.1), (2, 0.3)):
         c = _claim("MultiAgent-OPD", "No Searcher supervision", shift, [shift - 0.05, shift + 0.05])

@@ -1,5 +1,5 @@
-"""README.md's demo numbers come from the committed reports under docs/: the marked blocks equal what
-`mopd demo-docs readme` renders, and the numbers in them equal the reports' own."""
+"""The demo page's numbers (docs/demo.md) come from the committed reports under docs/: the marked blocks
+equal what `mopd demo-docs readme` renders, and the numbers in them equal the reports' own."""
 
 import json
 import re
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mopd.demo_tables import main_table_rows, publish, readme_blocks, render_blocks, update_readme
+from mopd.recipes.tiny_world.tables import main_table_rows, publish, readme_blocks, render_blocks, update_readme
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "demo.md"
 NUM = r"([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\]"
 
 
@@ -18,11 +19,11 @@ def _pp(x):
 
 
 def test_readme_blocks_are_the_rendering_of_the_committed_reports():
-    assert update_readme(ROOT / "README.md", ROOT / "docs", check=True) == []
+    assert update_readme(PAGE, ROOT / "docs", check=True) == []
 
 
 def test_readme_claims_equal_claims_json():
-    blocks = readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    blocks = readme_blocks(PAGE.read_text(encoding="utf-8"))
     claims = json.loads((ROOT / "docs" / "demo" / "claims.json").read_text())
     found = re.findall(NUM, blocks["seed0-claims"])
     assert found == [(_pp(c["diff"]), _pp(c["ci"][0]), _pp(c["ci"][1])) for c in claims]
@@ -44,7 +45,7 @@ def test_readme_claims_equal_claims_json():
 
 
 def test_readme_system_table_equals_the_report():
-    blocks = readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    blocks = readme_blocks(PAGE.read_text(encoding="utf-8"))
     report = main_table_rows((ROOT / "docs" / "demo" / "report.md").read_text(encoding="utf-8"))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in blocks["seed0-systems"].splitlines()[2:]]
     assert [r[1:] for r in rows] == [r[1:4] for r in report]
@@ -75,7 +76,7 @@ README = ("intro\n<!-- demo-tables:seed0-systems -->\nold\n<!-- /demo-tables:see
 
 
 def test_publish_then_render_into_a_readme(tmp_path):
-    from mopd.demo_report import write_seed_summary
+    from mopd.recipes.tiny_world.report import write_seed_summary
 
     _fake_run(tmp_path / "runs" / "demo")
     docs = tmp_path / "docs"
@@ -104,7 +105,7 @@ def test_publish_then_render_into_a_readme(tmp_path):
     assert "| MultiAgent-OPD (Stage II) | 9.00 [8.00, 10.00] | 9.50 [9.00, 10.00] | 1.00 [0.00, 2.00] |" in text
     assert "**+10.00 [+5.00, +15.00]**" in text and "16.5 min in all" in text
     assert "| C-MAS + RL minus C-MAS base | 2 of 2 seeds | +15.00 [+10.00, +20.00] |" in text
-    assert "[seed 4](docs/demo_seeds/seed4/report.md)" in text
+    assert "[seed 4](demo_seeds/seed4/report.md)" in text
     assert update_readme(readme, docs, check=True) == []
     # a report that changes makes the README out of date, and check does not write
     claims = json.loads((docs / "demo" / "claims.json").read_text())
@@ -124,7 +125,7 @@ def test_render_new_claims_systems_and_seeds_from_a_fabricated_docs_folder(tmp_p
     """A run with the control arm: the seed-0 claims block lists every claim in order with kind and
     verdict (a failing headline included), the systems block names the control, and the seeds
     block has a column per claim and the Leader's 2+-subtask rate."""
-    from mopd.demo_report import write_seed_summary
+    from mopd.recipes.tiny_world.report import write_seed_summary
 
     def claims(shift):
         qs = [{"dataset": "tiny_pair_towns" if i % 2 else "tiny_2hop", "id": f"q{i}", "base": 0.5, "trained": 0.5 + shift}
@@ -190,16 +191,16 @@ def test_seeds_block_from_single_seed_folders_takes_every_claim(tmp_path):
                           "ci": [-0.2, -0.05], "holds": False})
         (d / "claims.json").write_text(json.dumps(cl))
         (d / "timings.json").write_text(json.dumps({"total": 600.0}))
-    from mopd.demo_tables import render_seeds
+    from mopd.recipes.tiny_world.tables import render_seeds
 
     lines = render_seeds(docs).splitlines()
     assert lines[0] == "| seed | MultiAgent-OPD minus C-MAS + RL | C-MAS + RL minus C-MAS base | demo time | report |"
-    assert lines[2] == "| 1 | n/a | +30.00 [+20.00, +40.00] | 10.0 min | [seed 1](docs/demo_seed1/report.md) |"
+    assert lines[2] == "| 1 | n/a | +30.00 [+20.00, +40.00] | 10.0 min | [seed 1](demo_seed1/report.md) |"
     assert lines[3] == ("| 2 | -10.00 [-20.00, -5.00] (below 0) | +30.00 [+20.00, +40.00] | 10.0 min | "
-                        "[seed 2](docs/demo_seed2/report.md) |")
+                        "[seed 2](demo_seed2/report.md) |")
 
 
 def test_seeds_block_says_when_no_seed_is_published(tmp_path):
-    from mopd.demo_tables import render_seeds
+    from mopd.recipes.tiny_world.tables import render_seeds
 
     assert "No untuned seed" in render_seeds(tmp_path)

@@ -23,12 +23,13 @@ ALLOWED = {
     "eval": {"config", "core", "retriever", "rollout", "algo"},
     "data": {"config", "core", "retriever", "rollout", "algo", "eval"},
     "train": {"config", "core", "retriever", "rollout", "algo", "eval", "data"},
-    "demo_report": {"config", "core", "eval"},
-    "pipeline": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train", "demo_report"},
+    "pipeline": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train"},
     # the viewer reads records and traces (core, eval) and scores with the trainer's frozen models (train)
     "view": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train"},
+    # recipes (mopd/recipes/: worlds and experiments beside the core) may use all of it; nothing imports them
+    "recipes": {"config", "core", "retriever", "rollout", "algo", "eval", "data", "train", "view", "pipeline"},
 }
-TOP = {"cli", "commands", "demo", "demo_tables", "__main__", "__init__"}
+TOP = {"cli", "commands", "__main__", "__init__"}
 
 
 def _package_of(path: Path, root: Path) -> str:
@@ -65,6 +66,28 @@ def upward_imports(root: Path = ROOT):
 
 def test_no_package_imports_upwards():
     assert upward_imports() == []
+
+
+def recipe_users(root: Path = ROOT):
+    """Imports of a recipe from outside mopd/recipes/ (the core finds recipes by discovery,
+    mopd.core.recipes, and never names one)."""
+    return [f"{path.relative_to(root.parent)}:{line} imports {mod}"
+            for path in sorted(root.rglob("*.py")) if _package_of(path, root) != "recipes"
+            for line, mod in _imports(path) if mod == "mopd.recipes" or mod.startswith("mopd.recipes.")]
+
+
+def test_nothing_outside_the_recipes_imports_one():
+    assert recipe_users() == []
+
+
+def test_the_rule_catches_an_import_of_a_recipe(tmp_path):
+    fake = tmp_path / "mopd"
+    (fake / "train").mkdir(parents=True)
+    (fake / "recipes" / "w").mkdir(parents=True)
+    (fake / "train" / "x.py").write_text("import os\nfrom mopd.recipes.w.presets import lr\n")
+    (fake / "recipes" / "w" / "presets.py").write_text("from mopd.train.trainer import PolicyTrainer\n")
+    assert recipe_users(fake) == ["mopd/train/x.py:2 imports mopd.recipes.w.presets"]
+    assert upward_imports(fake) == ["mopd/train/x.py:2 (train) imports mopd.recipes.w.presets"]   # and the recipe may import the trainer
 
 
 def test_the_rule_catches_an_upward_import(tmp_path):

@@ -74,7 +74,7 @@ def pooled_by_dataset(per_seed_questions: Sequence[Sequence[dict]], draws: int, 
 def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
                     order: Sequence[tuple[str, str]] = ()) -> dict:
     """The multi-seed summary from each seed's ``claims.json`` (with per-question values, see
-    ``mopd.demo_report.check_claims``) and optionally its ``timings``, ``pi0_check`` and
+    ``mopd.recipes.tiny_world.report.check_claims``) and optionally its ``timings``, ``pi0_check`` and
     ``decomposition`` (copied as they are).
 
     Claims are matched by their (trained, base) systems, not their position, so seeds whose runs

@@ -15,12 +15,12 @@ from typing import Dict, List, Optional
 
 from mopd.config import ConfigError, PRESETS, RetrieverConfig
 from mopd.core.workflows import workflow_names
+from mopd.pipeline.kinds import check_setup, report_kind
 
 CHECKPOINTS = ("best", "last")
 """Which checkpoint a training stage exports: the best dev validation (the paper's model
 selection; the last weights when no validation ran) or the last step."""
 LAUNCHERS = ("inprocess", "subprocess")
-REPORTS = ("eval", "claims")
 SPLITS = ("test", "dev")
 
 
@@ -56,8 +56,7 @@ class TrainStageConfig:
     name: str = ""
     """The system this stage trains, as the report names it (``C-MAS + RL``, ``MultiAgent-OPD``)."""
     preset: str = ""
-    """Its method preset (`mopd config list`): cmas_rl (or tiny_cmas_rl) for Stage I, mopd and its
-    ablations for Stage II."""
+    """Its method preset (`mopd config list`): cmas_rl for Stage I, mopd and its ablations for Stage II."""
     dir: str = ""
     """Its run directory under the pipeline's root; the export is DIR/export."""
     steps: Optional[int] = None
@@ -95,42 +94,12 @@ class SystemConfig:
 
 
 @dataclass
-class WorldConfig:
-    build: bool = False
-    """Build the built-in tiny world (its corpus, questions and index under ROOT/world) and warm-start
-    pi_0 on it (ROOT/pi0) before the training stages, as `mopd demo` does; each reuses what is built."""
+class SetupStageConfig:
+    kind: str = ""
+    """A stage kind a recipe registers (:func:`mopd.pipeline.stages.register_stage_kind`), e.g. the
+    world and its base model: it builds what the training stages read."""
     settings: List[str] = field(default_factory=list)
-    """World settings as KEY=VALUE (:class:`mopd.data.tinyworld.WorldSettings`, e.g. test_per_dataset=100)."""
-    index_kind: str = "flat"
-    """The world's retrieval index: flat (MiniLM embeddings, FAISS) or bm25."""
-    quick: bool = False
-    """The quick (smaller) world of smoke runs."""
-    pi0: List[str] = field(default_factory=list)
-    """Warm-start settings as KEY=VALUE (:class:`mopd.data.warmstart.WarmStartSettings`, but seed)."""
-    pi0_threads: int = 2
-    """Torch threads of the warm start (results depend on it in the last bits)."""
-    check_attempts: int = 4
-    """Workflows per dev question of the pi_0 check (format validity and EM, both workflows); 0: no check."""
-    weak_em: float = 0.15
-    """pi_0 is flagged weak below this dev EM (mean of C-MAS and H-MAS)."""
-    weak_valid: float = 0.9
-    """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid."""
-
-    def __post_init__(self):
-        if not self.build:
-            return
-        from mopd.data.policy_check import WeakPi0
-        from mopd.data.tinyworld import parse_world_settings
-        from mopd.data.warmstart import parse_pi0_settings
-
-        try:   # a bad KEY=VALUE fails here, before anything is built
-            parse_world_settings(self.settings, index_kind=self.index_kind, quick=self.quick)
-            parse_pi0_settings(self.pi0)
-            WeakPi0(em=self.weak_em, valid=self.weak_valid)
-        except ValueError as e:
-            raise ConfigError(f"world: {e}") from None
-        _positive("world.pi0_threads", self.pi0_threads)
-        _positive("world.check_attempts", self.check_attempts, allow_zero=True)
+    """Its settings as KEY=VALUE, read and checked by the kind."""
 
 
 @dataclass
@@ -159,8 +128,8 @@ class EvalSettings:
 @dataclass
 class ReportSettings:
     kind: str = "eval"
-    """eval (`mopd eval report`: metrics, paired intervals against ``reference``, costs, curves) or
-    claims (the demo's report: the same with the method's claims at its top and the pi_0 check)."""
+    """A report kind (:mod:`mopd.pipeline.kinds`): eval (`mopd eval report`: metrics, paired intervals
+    against ``reference``, costs, curves), or one a recipe registers."""
     dir: str = "report"
     """The report goes to ROOT/DIR."""
     reference: str = ""
@@ -171,7 +140,7 @@ class ReportSettings:
     """The report's heading (kind eval)."""
 
     def __post_init__(self):
-        _choice("report.kind", self.kind, REPORTS)
+        report_kind(self.kind)
         _positive("report.draws", self.draws)
 
 
@@ -245,11 +214,14 @@ class PipelineConfig:
     """The base model pi_0 (a Hugging Face directory or a hub id in the cache): every stage trains
     from it, and the base systems are evaluated with it."""
     seed: int = 0
-    """Seed of training and evaluation (``trainer.seed``, ``rollout.seed``) and of the tiny world."""
+    """Seed of training and evaluation (``trainer.seed``, ``rollout.seed``) and of the setup stages."""
     data: DataPaths = field(default_factory=DataPaths)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     """The retriever of every stage (its fields that differ from the defaults become overrides)."""
-    world: WorldConfig = field(default_factory=WorldConfig)
+    setup: Dict[str, Optional[SetupStageConfig]] = field(default_factory=dict)
+    """Stages that run before Stage I, by key (the stage's name), in order, in this process
+    (``launcher.kind=inprocess``): a recipe's world and base model. Each reuses what it built. A key
+    set to null drops a preset's stage (``setup.pi0_check=null``)."""
     overrides: List[str] = field(default_factory=list)
     """Config overrides of every training stage, applied last (e.g. trainer.lr=5e-4)."""
     stage1: TrainStageConfig = field(default_factory=TrainStageConfig)
@@ -268,6 +240,7 @@ class PipelineConfig:
         if not self.root:
             raise ConfigError("root is empty: set root=DIR")
         _overrides("overrides", self.overrides)
+        self.setup = {k: v for k, v in self.setup.items() if v is not None}
         self.stage2 = {k: v for k, v in self.stage2.items() if v is not None}
         self.stage1.check("stage1")
         dirs = {self.stage1.dir: "stage1"}
@@ -289,8 +262,10 @@ class PipelineConfig:
             _choice(f"systems[{i}].model", s.model, ["base", "stage1", *self.stage2])
         if self.report.reference and self.report.reference not in names:
             raise ConfigError(f"report.reference={self.report.reference!r} is not one of the systems {sorted(names)}")
-        if self.world.build and self.launcher.kind != "inprocess":
-            raise ConfigError("world.build=true builds the tiny world in this process: it needs launcher.kind=inprocess")
+        if self.setup and self.launcher.kind != "inprocess":
+            raise ConfigError(f"setup stages ({', '.join(self.setup)}) run in this process: they "
+                              "need launcher.kind=inprocess")
+        check_setup(self)
 
     def model_of(self, system: SystemConfig) -> str:
         """The model directory ``system`` is evaluated with (a stage's export, or the base model)."""

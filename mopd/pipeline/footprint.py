@@ -99,7 +99,7 @@ def footprint(stage: Stage, cfg: PipelineConfig) -> Footprint:
         return Footprint(_eval_memory(stage, cfg), None, "records", small=True)
     if isinstance(stage, ReportStage):
         return Footprint("none (CPU)", None, "report, metrics and plots", small=True)
-    return Footprint("CPU, in this process", None, "the tiny world's files", small=True)
+    return Footprint("CPU, in this process", None, stage.disk(), small=True)
 
 
 def _eval_memory(stage: EvalStage, cfg: PipelineConfig) -> str:

@@ -57,7 +57,7 @@ def paper() -> PipelineConfig:
 
 
 def _demo(**settings) -> PipelineConfig:
-    from mopd.pipeline.tiny_world import DemoSettings, demo_pipeline, quick_settings
+    from mopd.recipes.tiny_world.pipeline import DemoSettings, demo_pipeline, quick_settings
 
     s = DemoSettings(**{k: v for k, v in settings.items() if k != "quick"})
     return demo_pipeline(quick_settings(s) if settings.get("quick") else s)

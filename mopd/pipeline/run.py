@@ -19,8 +19,8 @@ from typing import Dict, List, Optional
 from mopd.core.errors import UserError
 from mopd.pipeline.config import PipelineConfig
 from mopd.pipeline.log import logger
-from mopd.pipeline.stages import (EvalStage, ExportStage, Pi0CheckStage, Pi0Stage, ReportStage, Stage, TrainStage,
-                                  WorldStage, plan)
+from mopd.pipeline.kinds import STAGE_KINDS, report_kind
+from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage, plan
 
 
 class PipelineError(UserError):
@@ -196,12 +196,7 @@ class _Timed:
         rebuilt = {}
         for s in _by_type(self.stages, TrainStage):
             rebuilt[s.group] = rebuilt.get(s.group, False) or _written_since(s.run_dir / "DONE", self.started)
-        built = {}
-        pi0 = _by_type(self.stages, Pi0Stage)
-        if pi0:
-            from mopd.data.warmstart import read_pi0
-
-            built["pi0"] = (read_pi0(pi0[0].outputs[0]) or {}).get("seconds", {}).get("total", 0.0)
+        built = {s.group: s.seconds_built() for s in setup_stages(self.stages) if s.seconds_built() is not None}
         write_timings(self.root / "timings.json", self.times, built=built, rebuilt=rebuilt)
         self.log(f"finished in {self.times['total'] / 60:.1f} min; report: {report}")
         return report
@@ -216,15 +211,8 @@ class _InProcess(_Timed):
         cfg, root = self.cfg, self.root
         deterministic_torch(1)
         (root / "environment.json").write_text(json.dumps(environment_record(), indent=2))
-        self.retriever = None
-        check = None
-        if cfg.world.build:
-            self.timed("world", self.world)
-            self.timed("pi0", self.pi0)
-            if _by_type(self.stages, Pi0CheckStage):
-                check = self.timed("pi0_check", self.pi0_check)
-        if self.retriever is None:
-            self.retriever = self._open_retriever()
+        setup_results = {s.key: self.timed(s.group, s.run, self) for s in setup_stages(self.stages)}
+        self.retriever = self._open_retriever()
         L = cfg.launcher
         from mopd.pipeline import inprocess
 
@@ -245,7 +233,7 @@ class _InProcess(_Timed):
                                    self.log, cfg.name)
 
         self.timed("eval", evaluate)
-        report = _render_report(_by_type(self.stages, ReportStage)[0], check, self.log)
+        report = _render_report(_by_type(self.stages, ReportStage)[0], setup_results, self.log)
         return self.finish(report)
 
     def _open_retriever(self):
@@ -253,54 +241,20 @@ class _InProcess(_Timed):
 
         return open_retriever(self.cfg.retriever)
 
-    def world(self):
-        from mopd.data.tinyworld import build_world, parse_world_settings
 
-        w = self.cfg.world
-        self.log(f"world + {w.index_kind} index -> {self.root / 'world'}")
-        build_world(self.root / "world", settings=parse_world_settings(w.settings, seed=self.cfg.seed,
-                                                                       index_kind=w.index_kind, quick=w.quick))
-        self.retriever = self._open_retriever()
-
-    def pi0(self):
-        from mopd.core.reproducible import deterministic_torch
-        from mopd.data.warmstart import build_pi0, parse_pi0_settings
-
-        stage = _by_type(self.stages, Pi0Stage)[0]
-        self.log(f"pi_0 warm start (SFT on scripted demonstrations) -> {stage.outputs[0]}")
-        kw = parse_pi0_settings(self.cfg.world.pi0)
-        kw["threads"] = self.cfg.world.pi0_threads
-        kw["demo_workers"] = self.cfg.launcher.eval_workers
-        deterministic_torch(1)
-        build_pi0(Path(stage.inputs[0]), Path(stage.outputs[0]), seed=self.cfg.seed, **kw)
-
-    def pi0_check(self) -> dict:
-        from mopd.data.policy_check import WeakPi0, check_pi0_cached
-
-        stage, w = _by_type(self.stages, Pi0CheckStage)[0], self.cfg.world
-        return check_pi0_cached(stage.inputs[0], self.root / "world", Path(stage.outputs[0]), attempts=w.check_attempts,
-                                seed=self.cfg.seed, weak=WeakPi0(em=w.weak_em, valid=w.weak_valid), log=self.log,
-                                workers=self.cfg.launcher.eval_workers)
+def setup_stages(stages: List[Stage]) -> List[Stage]:
+    """The setup stages (a recipe's kinds, :mod:`mopd.pipeline.kinds`), in order."""
+    kinds = tuple(STAGE_KINDS.values())
+    return [s for s in stages if kinds and isinstance(s, kinds)]
 
 
-def _render_report(stage: ReportStage, check: Optional[dict], log) -> Path:
-    """The report of every evaluation (reused when its evaluations and settings are unchanged)."""
+def _render_report(stage: ReportStage, setup_results: Dict[str, object], log) -> Path:
+    """The report of every evaluation (reused when its evaluations and settings are unchanged), by
+    the writer its kind names; ``setup_results``: what each setup stage returned, by its key."""
     if stage.done():
         log(f"report: reusing {stage.out}")
         return stage.out / "report.md"
-    runs = [e.out for e in stage.evals]
-    if stage.kind == "claims":
-        from mopd.demo_report import ReportInputs, write_report
-
-        inputs = ReportInputs(logs=[Path(p) for p in stage.logs], labels=stage.labels, draws=stage.draws,
-                              dev=stage.dev, pi0_check=check)
-        path = write_report(runs, stage.names, stage.out, inputs)
-    else:
-        from mopd.eval.report import ReportOptions, report_runs
-
-        path = report_runs(runs, stage.out, ReportOptions(
-            names=stage.names, reference=stage.reference, draws=stage.draws, validation_logs=stage.logs,
-            validation_labels=stage.labels, title=stage.heading))
+    path = report_kind(stage.kind)(stage, setup_results, log)
     stage.mark_done()
     return path
 
@@ -315,10 +269,10 @@ class _Subprocess(_Timed):
         self.log(describe(self.cfg, self.stages).splitlines()[0])
         evals = _by_type(self.stages, EvalStage)
         for s in self.stages:
-            if isinstance(s, (WorldStage, Pi0Stage, Pi0CheckStage)):
+            if s in setup_stages(self.stages):
                 raise PipelineError(f"stage {s.key} runs only in-process (launcher.kind=inprocess)")
             if isinstance(s, ReportStage):
-                report = self.timed("report", _render_report if s.kind == "claims" else self._report, s, None, self.log)
+                report = self.timed("report", self._report if s.kind == "eval" else _render_report, s, {}, self.log)
                 continue
             t = time.perf_counter()
             if s.done():
@@ -341,7 +295,7 @@ class _Subprocess(_Timed):
         write_questions(Path(stage.command(self.cfg)[stage.command(self.cfg).index("--manifest") + 1]),
                         this.eval_questions(self.cfg))
 
-    def _report(self, stage: ReportStage, check, log) -> Path:
+    def _report(self, stage: ReportStage, setup_results, log) -> Path:
         if stage.done():
             log(f"report: reusing {stage.out}")
         else:
@@ -376,7 +330,7 @@ def write_timings(path: Path, times: Dict[str, float], built: Optional[Dict[str,
     longer for a stage, its time is kept at the top level (what the README's tables report),
     unless ``rebuilt`` says this run built that stage again (other steps, say): then this run's
     time replaces the old one. ``built``: stage seconds recorded where a stage was built outside a
-    pipeline run (pi_0 by `mopd world pi0-check`: its pi0.json). The top-level total is at least the
+    pipeline run (a setup stage reused from its own earlier build). The top-level total is at least the
     sum of the stages."""
     old = json.loads(path.read_text()) if path.is_file() else {}
     built, rebuilt = built or {}, rebuilt or {}

@@ -21,6 +21,7 @@ from typing import List, Optional
 
 from mopd.config import Config, RetrieverConfig, resolve
 from mopd.pipeline.config import PipelineConfig, SystemConfig, TrainStageConfig
+from mopd.pipeline.kinds import report_kind, stage_kind
 
 MARKER = "DONE"
 """A training run's marker (in its run directory)."""
@@ -101,9 +102,10 @@ class Stage:
     """One step of the pipeline."""
 
     key: str
-    """Unique name: world, pi0, pi0_check, stage1, stage1.export, stage2.<arm>, eval.<system>, report."""
+    """Unique name: a setup stage's (a recipe's: world, pi0, ...), stage1, stage1.export, stage2.<arm>,
+    eval.<system>, report."""
     group: str
-    """The step it belongs to (its time in timings.json): world, pi0, pi0_check, stage1, stage2, eval, report."""
+    """The step it belongs to (its time in timings.json): a setup stage's, stage1, stage2, eval, report."""
     title: str
     """What it does, in words."""
     inputs: List[str] = field(default_factory=list)
@@ -143,45 +145,24 @@ class Stage:
         d.mkdir(parents=True, exist_ok=True)
         (d / STARTED).write_text(self.identity())
 
+    def seconds_built(self) -> Optional[float]:
+        """Seconds its build took where it recorded them itself (a setup stage reused from a build
+        outside the pipeline); None: the pipeline's own timing holds."""
+        return None
+
+    def report_inputs(self) -> List[str]:
+        """Files of this stage the report reads (a setup stage's check, say)."""
+        return []
+
+    def disk(self) -> str:
+        """What it writes, in words (the dry run's disk line of a stage the memory plan does not size)."""
+        return "its files"
+
     def built_here(self) -> bool:
         """Whether the build in :meth:`directory` is this stage's (or predates these records)."""
         d = self.directory()
         started = read_marker(d / STARTED) if d is not None else None
         return started is None or started == self.identity()
-
-
-@dataclass
-class WorldStage(Stage):
-    """The built-in tiny world and its index (reused by :func:`mopd.data.tinyworld.build_world` itself)."""
-
-    def done(self) -> bool:
-        return (Path(self.outputs[0]) / "world.json").is_file()
-
-    def command(self, cfg):
-        return ["(in-process)", "mopd.data.tinyworld.build_world", self.outputs[0]]
-
-
-@dataclass
-class Pi0Stage(Stage):
-    """pi_0's warm start on the tiny world (reused by :func:`mopd.data.warmstart.build_pi0` itself)."""
-
-    def done(self) -> bool:
-        return (Path(self.outputs[0]) / "pi0.json").is_file()
-
-    def command(self, cfg):
-        return ["(in-process)", "mopd.data.warmstart.build_pi0", self.inputs[0], self.outputs[0], *cfg.world.pi0]
-
-
-@dataclass
-class Pi0CheckStage(Stage):
-    """pi_0's dev check (reused by :func:`mopd.data.policy_check.check_pi0_cached` itself)."""
-
-    def done(self) -> bool:
-        return Path(self.outputs[0]).is_file()
-
-    def command(self, cfg):
-        return ["(in-process)", "mopd.data.policy_check.check_pi0_cached", self.inputs[0],
-                f"attempts={cfg.world.check_attempts}"]
 
 
 @dataclass
@@ -305,7 +286,7 @@ class EvalStage(Stage):
 
 @dataclass
 class ReportStage(Stage):
-    """The report of every evaluation: `mopd eval report` (kind eval), or the demo's claims (kind claims)."""
+    """The report of every evaluation, by the writer its kind names (:mod:`mopd.pipeline.kinds`)."""
 
     names: List[str] = field(default_factory=list)
     evals: List[EvalStage] = field(default_factory=list)
@@ -316,8 +297,8 @@ class ReportStage(Stage):
     draws: int = 4000
     heading: str = ""
     """The report's heading (kind eval)."""
-    pi0_check: str = ""
-    """The pi_0 check's file, shown in a claims report ("" when there is none)."""
+    setup_files: List[str] = field(default_factory=list)
+    """Files the setup stages wrote that the report reads (their content is part of its fingerprint)."""
     dev: bool = False
     """The systems were evaluated on the dev split (the tuning path)."""
 
@@ -326,10 +307,10 @@ class ReportStage(Stage):
         return Path(self.outputs[0])
 
     def fingerprint(self) -> str:
-        check = Path(self.pi0_check).read_text() if self.pi0_check and Path(self.pi0_check).is_file() else None
+        setup = [Path(f).read_text() if Path(f).is_file() else None for f in self.setup_files]
         return _hash({"evals": [read_marker(e.out / DONE) for e in self.evals], "names": self.names, "dev": self.dev,
                       "kind": self.kind, "reference": self.reference, "draws": self.draws, "heading": self.heading,
-                      "logs": [read_marker(Path(p).parent / MARKER) for p in self.logs], "pi0_check": check})
+                      "logs": [read_marker(Path(p).parent / MARKER) for p in self.logs], "setup": setup})
 
     def done(self) -> bool:
         return (self.out / "report.md").is_file() and read_marker(self.out / DONE) == self.fingerprint()
@@ -338,8 +319,9 @@ class ReportStage(Stage):
         (self.out / DONE).write_text(self.fingerprint())
 
     def command(self, cfg):
-        if self.kind == "claims":
-            return ["(in-process)", "mopd.demo_report.write_report", *[str(e.out) for e in self.evals],
+        if self.kind != "eval":
+            writer = report_kind(self.kind)
+            return ["(in-process)", f"{writer.__module__}.{writer.__name__}", *[str(e.out) for e in self.evals],
                     "--out", str(self.out)]
         return ["mopd", "eval", "report", *[str(e.out) for e in self.evals], "--names", *self.names,
                 "--reference", self.reference, "--draws", str(self.draws), "--title", self.heading,
@@ -414,16 +396,8 @@ def _eval_stage(cfg: PipelineConfig, system: SystemConfig, limits: Optional[Conf
 def plan(cfg: PipelineConfig) -> List[Stage]:
     """Every stage of ``cfg``, in the order they run (resolving each stage's config; nothing loads)."""
     root = Path(cfg.root)
-    stages: List[Stage] = []
-    if cfg.world.build:
-        world, pi0 = str(root / "world"), str(Path(cfg.model))
-        stages.append(WorldStage("world", "world", f"the tiny world and its {cfg.world.index_kind} index",
-                                 outputs=[world]))
-        stages.append(Pi0Stage("pi0", "pi0", "pi_0: SFT warm start on scripted demonstrations", inputs=[world],
-                               outputs=[pi0]))
-        if cfg.world.check_attempts:
-            stages.append(Pi0CheckStage("pi0_check", "pi0_check", "pi_0's format validity and EM on dev",
-                                        inputs=[pi0], outputs=[str(root / "pi0_check.json")]))
+    setup: List[Stage] = [stage_kind(s.kind).build(cfg, key, list(s.settings)) for key, s in cfg.setup.items()]
+    stages: List[Stage] = list(setup)
     stage1 = _train_stage(cfg, "stage1", "stage1", cfg.stage1)
     stages += [stage1, _export_stage(stage1)]
     teacher = str(stage1.run_dir / "export")
@@ -435,12 +409,12 @@ def plan(cfg: PipelineConfig) -> List[Stage]:
     stages += evals
     trains = [stage1] + arms
     report_dir = root / cfg.report.dir
-    check = str(root / "pi0_check.json") if cfg.world.build and cfg.world.check_attempts else ""
+    setup_files = [f for s in setup for f in s.report_inputs()]
     stages.append(ReportStage(
-        "report", "report", f"the report ({'claims' if cfg.report.kind == 'claims' else 'mopd eval report'})",
+        "report", "report", f"the report ({'mopd eval report' if cfg.report.kind == 'eval' else cfg.report.kind})",
         inputs=[str(e.out) for e in evals], outputs=[str(report_dir)], names=[s.name for s in cfg.systems],
         evals=evals, logs=[str(t.run_dir / "metrics.jsonl") for t in trains],
         labels=[t.spec.label or t.spec.name for t in trains], kind=cfg.report.kind,
-        reference=cfg.reference_system(), draws=cfg.report.draws, heading=cfg.report.title, pi0_check=check,
+        reference=cfg.reference_system(), draws=cfg.report.draws, heading=cfg.report.title, setup_files=setup_files,
         dev=cfg.eval.split == "dev"))
     return stages

@@ -289,11 +289,11 @@ def check_same_tokenizer(student_tok, teacher_tok, teacher_path: Optional[str] =
 
 def tiny_preset_mismatch(cfg, model: nn.Module) -> Optional[str]:
     """The line to say when a ``tiny_*`` preset, at its own learning rate, trains a model larger than
-    the tiny world's pi_0 (``mopd.data.warmstart.WarmStartSettings``: hidden size 128, 2 layers,
+    the tiny world's pi_0 (``mopd.recipes.tiny_world.warmstart.WarmStartSettings``: hidden size 128, 2 layers,
     0.7M parameters): that lr (3e-4 and up) was chosen for that model and wrecks a real one. None
     when the preset is not a tiny one, the model is no larger, or ``trainer.lr`` was set."""
     from mopd.config import PRESETS
-    from mopd.data.warmstart import WarmStartSettings
+    from mopd.recipes.tiny_world.warmstart import WarmStartSettings
 
     if not cfg.method.startswith("tiny_") or cfg.method not in PRESETS:
         return None

@@ -7,10 +7,10 @@ import pytest
 from mopd.core.actions import parse_answerer, parse_leader, parse_searcher
 from mopd.core.roles import role
 from mopd.core.scoring import exact_match
-from mopd.data.demo_policy import SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy
-from mopd.data.demo_reader import read_prompt
-from mopd.data.tinyworld import load_question_meta, load_split
-from mopd.data.warmstart import workflow_settings
+from mopd.recipes.tiny_world.scripted_policy import SUBTASK_RIVER, SUBTASK_TOWN, DemoEngine, DemoStyle, world_policy
+from mopd.recipes.tiny_world.prompt_reader import read_prompt
+from mopd.recipes.tiny_world.world import load_question_meta, load_split
+from mopd.recipes.tiny_world.warmstart import workflow_settings
 from mopd.retriever import Passage
 from mopd.rollout import prompts
 from mopd.rollout.chat import continuation_ids

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from mopd.core.scoring import exact_match
-from mopd.data.demo_policy import (
+from mopd.recipes.tiny_world.scripted_policy import (
     PAIR_SUBTASK_TEXTS,
     SUBTASK_ONE,
     DemoEngine,
@@ -17,10 +17,10 @@ from mopd.data.demo_policy import (
     answer_text,
     world_policy,
 )
-from mopd.data.tinyworld import WorldSettings, build_world, load_question_meta, load_split, read_settings
-from mopd.data.warmstart import workflow_settings
-from mopd.data.world_kb import GENRES
-from mopd.data.world_text import CHAIN_DATASETS, PAIR_DATASETS, PAIR_GENRES, PAIR_TOWNS
+from mopd.recipes.tiny_world.world import WorldSettings, build_world, load_question_meta, load_split, read_settings
+from mopd.recipes.tiny_world.warmstart import workflow_settings
+from mopd.recipes.tiny_world.world_kb import GENRES
+from mopd.recipes.tiny_world.world_text import CHAIN_DATASETS, PAIR_DATASETS, PAIR_GENRES, PAIR_TOWNS
 from mopd.rollout import prompts
 from mopd.rollout.scheduler import run_workflows
 
@@ -259,7 +259,7 @@ class _FixedAnswerer:
 def test_answerer_only_sends_the_answerers_requests_to_the_model(world, world_tokenizer, retriever):
     """The Answerer check (bench/scripted_team.py --answerer): the scripted Leader and Searchers act,
     the model writes every answer and nothing else."""
-    from mopd.data.policy_check import AnswererOnly
+    from mopd.recipes.tiny_world.policy_check import AnswererOnly
 
     qs = [q for q in load_split(world, "dev") if q.dataset in PAIR_DATASETS][:6]
     for wf in ("cmas", "hmas"):
@@ -282,7 +282,7 @@ def test_answerer_only_sends_the_answerers_requests_to_the_model(world, world_to
 
 
 def test_em_given_facts_counts_only_workflows_whose_answerer_saw_every_needed_fact(world, world_tokenizer, retriever):
-    from mopd.data.policy_check import _em_given_facts
+    from mopd.recipes.tiny_world.policy_check import _em_given_facts
 
     qs = load_split(world, "dev")[::5]
     policy = world_policy(world.root, PERFECT)

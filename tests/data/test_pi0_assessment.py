@@ -2,9 +2,9 @@
 
 import pytest
 
-from mopd.data.policy_check import WeakPi0, assess_pi0
-from mopd.data.tinyworld import QUICK_WORLD, WorldSettings, parse_world_settings
-from mopd.data.warmstart import parse_pi0_settings
+from mopd.recipes.tiny_world.policy_check import WeakPi0, assess_pi0
+from mopd.recipes.tiny_world.world import QUICK_WORLD, WorldSettings, parse_world_settings
+from mopd.recipes.tiny_world.warmstart import parse_pi0_settings
 
 
 def _wf(em, valid):
@@ -64,7 +64,7 @@ def test_pi0_settings_from_key_values():
 
 
 def test_demo_settings_reject_a_bad_pi0_setting():
-    from mopd.demo import DemoSettings
+    from mopd.recipes.tiny_world.demo import DemoSettings
 
     assert DemoSettings(pi0=["search_first=0.5"]).pi0 == ["search_first=0.5"]
     with pytest.raises(ValueError, match="search_first"):
@@ -93,7 +93,7 @@ def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
     assert (model.stat().st_mtime_ns, (tmp_path / "seed2" / "pi0_check.json").stat().st_mtime_ns) == stamp
     assert main(["world", "pi0-check", "--seeds", "1", "--out", str(tmp_path), "--world-setting", "nope=1"]) == 2
     # a warm-start setting is a new recipe: pi_0 is rebuilt with it (its demonstrations search less) and checked again
-    from mopd.data.warmstart import read_pi0
+    from mopd.recipes.tiny_world.warmstart import read_pi0
 
     before = read_pi0(tmp_path / "seed2" / "pi0")["demonstrations"]["world/cmas"]["searches_per_episode"]
     assert main(argv + ["--pi0", "search_first=0.25"]) == 0
@@ -108,9 +108,9 @@ def test_pi0_check_cli_on_seeds_builds_reuses_and_tabulates(tmp_path, capsys):
 def test_pi0_check_side_by_side_gives_the_records_of_one_process(tmp_path):
     """The pi_0 check's workflows in two processes measure exactly what one process measures
     (the demo runs them side by side to save a minute; its published check must not move)."""
-    from mopd.data.policy_check import check_policy, check_policy_side_by_side
-    from mopd.data.tinyworld import build_world, parse_world_settings
-    from mopd.data.warmstart import build_pi0
+    from mopd.recipes.tiny_world.policy_check import check_policy, check_policy_side_by_side
+    from mopd.recipes.tiny_world.world import build_world, parse_world_settings
+    from mopd.recipes.tiny_world.warmstart import build_pi0
 
     small = ["bands=24", "companies=8", "towns=8", "rivers=4", "twins=2", "distractors=20", "test_per_dataset=4",
              "dev_per_dataset=3", "index_kind=bm25"]

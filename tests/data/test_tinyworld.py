@@ -6,7 +6,7 @@ import re
 import pytest
 
 from mopd.core.qa import load_flashrag
-from mopd.data.tinyworld import (
+from mopd.recipes.tiny_world.world import (
     WorldSettings,
     build_world,
     held_out_questions,
@@ -15,8 +15,8 @@ from mopd.data.tinyworld import (
     load_split,
     read_settings,
 )
-from mopd.data.world_kb import WorldSizes, generate_kb
-from mopd.data.world_text import CHAIN_DATASETS, DATASETS, ONE_HOP, TWO_HOP
+from mopd.recipes.tiny_world.world_kb import WorldSizes, generate_kb
+from mopd.recipes.tiny_world.world_text import CHAIN_DATASETS, DATASETS, ONE_HOP, TWO_HOP
 
 SMALL = dict(bands=30, companies=8, towns=12, rivers=4, twins=4, distractors=40, test_per_dataset=6,
              dev_per_dataset=3, index_kind="bm25")
@@ -129,7 +129,7 @@ def test_every_town_and_river_is_an_answer_in_training(world):
 
 
 def test_held_out_questions_pick_one_hop_per_subject():
-    from mopd.data.world_text import write_world_text
+    from mopd.recipes.tiny_world.world_text import write_world_text
 
     kb = generate_kb(5, WorldSizes())
     qs = write_world_text(kb, 5, 10).questions

@@ -8,8 +8,8 @@ import torch
 
 from mopd.cli import main
 from mopd.data.sft import SFTSettings, micro_batches, sft_loss_sum, shared_prefix_len, train_sft
-from mopd.data.tinyworld import load_split
-from mopd.data.warmstart import build_pi0, make_demonstrations, read_pi0
+from mopd.recipes.tiny_world.world import load_split
+from mopd.recipes.tiny_world.warmstart import build_pi0, make_demonstrations, read_pi0
 
 TINY = dict(hidden=32, layers=1, heads=2, ffn=64, vocab_size=1200)
 
@@ -138,7 +138,7 @@ def test_world_cli(tmp_path, capsys):
 
 
 def test_the_pi0_tokenizer_makes_names_and_role_prompts_compact(world_tokenizer):
-    from mopd.data.world_kb import name_vocabulary
+    from mopd.recipes.tiny_world.world_kb import name_vocabulary
     from mopd.rollout import prompts
 
     names = name_vocabulary()

@@ -59,7 +59,6 @@ def test_shown_yaml_is_a_whole_pipeline_that_root_still_moves(tmp_path):
     (["launcher.train=torchrun --nproc_per_node 8"], "must end with mopd"),
     (["launcher.gpus=4"], "starts 8 processes (1 node(s) x 8) but launcher.gpus=4"),
     (["launcher.train=torchrun --nnodes 2 --nproc-per-node=8 -m mopd"], "starts 16 processes (2 node(s) x 8)"),
-    (["world.build=true"], "needs launcher.kind=inprocess"),
     (["overrides=[trainer.lr]"], "is not a config override"),
     (["stage1.steps=many"], "bad value for 'stage1.steps'"),
 ])
@@ -77,5 +76,15 @@ def test_an_unknown_preset_or_file_is_named():
 
 
 def test_a_bad_world_setting_is_refused_before_anything_is_built():
-    with pytest.raises(ConfigError, match="world: "):
-        resolve_pipeline("demo", ["world.settings=[bands=many]"])
+    with pytest.raises(ConfigError, match="setup.world: "):
+        resolve_pipeline("demo", ["setup.world.settings=[bands=many]"])
+
+
+def test_setup_stages_run_in_this_process_only():
+    with pytest.raises(ConfigError, match="need launcher.kind=inprocess"):
+        resolve_pipeline("demo", ["launcher.kind=subprocess"])
+
+
+def test_a_setup_stage_of_an_unknown_kind_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="setup.world.kind='nope' is not a setup stage kind; choose one of"):
+        resolve_pipeline("demo", ["setup.world.kind=nope"])

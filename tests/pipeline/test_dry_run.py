@@ -20,8 +20,8 @@ def nothing_loads(monkeypatch):
     import transformers
 
     import mopd.core.qa
-    import mopd.data.tinyworld
-    import mopd.data.warmstart
+    import mopd.recipes.tiny_world.world
+    import mopd.recipes.tiny_world.warmstart
     import mopd.eval.runner
     import mopd.pipeline.run
     import mopd.retriever
@@ -31,7 +31,7 @@ def nothing_loads(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _refuse)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", _refuse)
     for module, name in ((mopd.retriever, "load_retriever"), (mopd.eval.runner, "evaluate"),
-                         (mopd.data.tinyworld, "build_world"), (mopd.data.warmstart, "build_pi0"),
+                         (mopd.recipes.tiny_world.world, "build_world"), (mopd.recipes.tiny_world.warmstart, "build_pi0"),
                          (mopd.core.qa, "load_questions"), (mopd.pipeline.run.subprocess, "call")):
         monkeypatch.setattr(module, name, _refuse)
 
@@ -80,7 +80,7 @@ def test_the_demos_dry_run_lists_its_world_and_pi0_stages(nothing_loads, capsys,
     for key in ("world", "pi0", "pi0_check", "stage1", "stage2.mopd", "stage2.no_searcher_supervision",
                 "eval.no_searcher_supervision", "report"):
         assert f"] {key}: " in out
-    assert "in-process: mopd.data.tinyworld.build_world" in out and "mopd.demo_report.write_report" in out
+    assert "in-process: mopd.recipes.tiny_world.world.build_world" in out and "mopd.recipes.tiny_world.stages.claims_report" in out
 
 
 def test_a_dry_run_imports_no_torch():

@@ -25,7 +25,7 @@ def template_models(real_script, real_model):
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
     """The quick demo world with a BM25 index (seconds to build, no encoder)."""
-    from mopd.data.tinyworld import QUICK_WORLD, WorldSettings, build_world
+    from mopd.recipes.tiny_world.world import QUICK_WORLD, WorldSettings, build_world
 
     return build_world(tmp_path_factory.mktemp("world") / "w",
                        settings=WorldSettings(seed=0, index_kind="bm25", **QUICK_WORLD))

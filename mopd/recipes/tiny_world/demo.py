@@ -6,11 +6,11 @@ teacher -> Stage II arms from pi_0, side by side in processes of one thread (tin
 control tiny_no_searcher_supervision; with ablations also tiny_outcome_searcher and
 tiny_base_teacher), each exported at its last step -> evaluation of C-MAS base, C-MAS + RL, H-MAS
 base and every arm with the paper's protocol (4 attempts, question bootstrap) -> report with plots
-and claims. :func:`mopd.pipeline.tiny_world.demo_pipeline` turns `mopd demo`'s options into that
+and claims. :func:`mopd.recipes.tiny_world.pipeline.demo_pipeline` turns `mopd demo`'s options into that
 pipeline; `mopd pipeline demo` runs the same at the defaults.
 Every step reuses what an earlier run already built in the same directory (world, pi_0, finished
 stages, finished evaluations), so a second run is quick and a killed run resumes. What the report
-says, and the multi-seed summary, are rendered by :mod:`mopd.demo_report`.
+says, and the multi-seed summary, are rendered by :mod:`mopd.recipes.tiny_world.report`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import List
 
-from mopd.demo_report import log as _log, write_seed_summary
+from mopd.recipes.tiny_world.report import log as _log, write_seed_summary
 from mopd.pipeline.config import PipelineConfig
 from mopd.pipeline.run import spread_over_datasets
-from mopd.pipeline.tiny_world import (ABLATION_ARMS, QUICK_OVERRIDES, QUICK_WORKFLOW, STAGE2_ARMS, Arm, DemoSettings,
+from mopd.recipes.tiny_world.pipeline import (ABLATION_ARMS, QUICK_OVERRIDES, QUICK_WORKFLOW, STAGE2_ARMS, Arm, DemoSettings,
                                       demo_pipeline, quick_settings, world_settings)
 
 __all__ = ["ABLATION_ARMS", "QUICK_OVERRIDES", "QUICK_WORKFLOW", "STAGE2_ARMS", "Arm", "DemoSettings", "demo_config",

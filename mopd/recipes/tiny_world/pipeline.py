@@ -14,11 +14,11 @@ pipeline preset is, at the defaults).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from mopd.config import RetrieverConfig
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
-                                  SystemConfig, TrainStageConfig, WorldConfig)
+                                  SetupStageConfig, SystemConfig, TrainStageConfig)
 
 
 @dataclass
@@ -56,10 +56,10 @@ class DemoSettings:
     """A smoke run of the pipeline (a smaller world, a few SFT and RL steps, short workflows): checks
     that every stage and artifact works, says nothing about the method."""
     world: List[str] = field(default_factory=list)
-    """World settings as KEY=VALUE (any :class:`mopd.data.tinyworld.WorldSettings` field, e.g.
+    """World settings as KEY=VALUE (any :class:`mopd.recipes.tiny_world.world.WorldSettings` field, e.g.
     test_per_dataset=100 bands=400): a larger test split narrows the intervals at little cost."""
     pi0: List[str] = field(default_factory=list)
-    """Warm-start settings as KEY=VALUE (any :class:`mopd.data.warmstart.WarmStartSettings` field but
+    """Warm-start settings as KEY=VALUE (any :class:`mopd.recipes.tiny_world.warmstart.WarmStartSettings` field but
     seed, e.g. search_first=0.9 steps=600)."""
     stage2_questions_per_step: Optional[int] = None
     """Stage II questions per step (None: the tiny_mopd preset's)."""
@@ -70,7 +70,7 @@ class DemoSettings:
     """Workflows per dev question when pi_0 is checked (format validity and EM, both workflows)."""
     weak_pi0_em: float = 0.15
     """pi_0 is flagged weak when its dev EM (mean of C-MAS and H-MAS) is below this
-    (:class:`mopd.data.policy_check.WeakPi0`)."""
+    (:class:`mopd.recipes.tiny_world.policy_check.WeakPi0`)."""
     weak_pi0_valid: float = 0.9
     """pi_0 is flagged weak when fewer of its Answerer outputs than this are valid."""
     eval_workers: int = 2
@@ -93,7 +93,7 @@ class DemoSettings:
     1e-6 on the HF engine), so only lock-step runs are bit-reproducible."""
 
     def __post_init__(self):
-        from mopd.data.warmstart import parse_pi0_settings
+        from mopd.recipes.tiny_world.warmstart import parse_pi0_settings
 
         parse_pi0_settings(self.pi0)  # a bad KEY=VALUE fails here, before anything is built
         if self.eval_split not in ("test", "dev"):
@@ -112,11 +112,15 @@ class DemoSettings:
         self.weak_pi0()       # and so does a threshold out of [0, 1]
 
     def weak_pi0(self):
-        """The weak-pi_0 thresholds as one value (:class:`mopd.data.policy_check.WeakPi0`)."""
-        from mopd.data.policy_check import WeakPi0
+        """The weak-pi_0 thresholds as one value (:class:`mopd.recipes.tiny_world.policy_check.WeakPi0`)."""
+        from mopd.recipes.tiny_world.policy_check import WeakPi0
 
         return WeakPi0(em=self.weak_pi0_em, valid=self.weak_pi0_valid)
 
+
+PI0_CHECK = "pi0_check"
+"""The key of pi_0's check among the demo pipeline's setup stages: the claims report
+(:func:`mopd.recipes.tiny_world.stages.claims_report`) shows what it returned."""
 
 QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
 """Workflow limits of a quick run (training and evaluation)."""
@@ -138,9 +142,9 @@ def quick_settings(s: DemoSettings) -> DemoSettings:
 
 
 def world_settings(s: DemoSettings):
-    """The :class:`mopd.data.tinyworld.WorldSettings` of a demo: the default (or quick) world with
+    """The :class:`mopd.recipes.tiny_world.world.WorldSettings` of a demo: the default (or quick) world with
     the demo's seed and index kind, then ``s.world``'s KEY=VALUE entries."""
-    from mopd.data.tinyworld import parse_world_settings
+    from mopd.recipes.tiny_world.world import parse_world_settings
 
     return parse_world_settings(s.world, seed=s.seed, index_kind=s.index_kind, quick=s.quick)
 
@@ -175,6 +179,19 @@ ABLATION_ARMS = [Arm("Outcome Searcher", "tiny_outcome_searcher", "ablation_outc
 """``--with-ablations``: Table 3's other rows."""
 
 
+def setup_stages(s: DemoSettings, pi0: List[str]) -> Dict[str, SetupStageConfig]:
+    """The world, pi_0 and (unless ``s.pi0_check_attempts`` is 0) pi_0's check, as the pipeline's
+    setup stages (:mod:`mopd.recipes.tiny_world.stages`)."""
+    world = [f"index_kind={s.index_kind}", f"quick={str(s.quick).lower()}", *s.world]
+    out = {"world": SetupStageConfig("tiny_world", world),
+           "pi0": SetupStageConfig("tiny_pi0", [*pi0, f"threads={s.threads}"])}
+    attempts = min(s.pi0_check_attempts, 1) if s.quick else s.pi0_check_attempts
+    if attempts:
+        out[PI0_CHECK] = SetupStageConfig("tiny_pi0_check", [f"attempts={attempts}", f"weak_em={s.weak_pi0_em}",
+                                                               f"weak_valid={s.weak_pi0_valid}"])
+    return out
+
+
 def demo_pipeline(s: DemoSettings) -> PipelineConfig:
     """The pipeline `mopd demo` runs with settings ``s`` (paths under ``${root}``, = ``s.out``).
 
@@ -197,10 +214,7 @@ def demo_pipeline(s: DemoSettings) -> PipelineConfig:
         root=s.out, model="${root}/pi0", seed=s.seed,
         data=DataPaths(train=f"{q}/train.jsonl", dev=f"{q}/dev.jsonl", test=f"{q}/test.jsonl"),
         retriever=RetrieverConfig(kind="inprocess", index="${root}/world/index"),
-        world=WorldConfig(build=True, settings=list(s.world), index_kind=s.index_kind, quick=s.quick, pi0=pi0,
-                          pi0_threads=s.threads,
-                          check_attempts=min(s.pi0_check_attempts, 1) if s.quick else s.pi0_check_attempts,
-                          weak_em=s.weak_pi0_em, weak_valid=s.weak_pi0_valid),
+        setup=setup_stages(s, pi0),
         overrides=list(s.overrides),
         stage1=TrainStageConfig(name="C-MAS + RL", preset="tiny_cmas_rl", dir="stage1", steps=s.stage1_steps,
                                 overrides=quick + [f"trainer.cpu_threads={s.threads}"], export="best",

@@ -63,8 +63,8 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     """``{workflow: summarize(records)}`` for ``model_dir`` on a split of the world, sampled at
     ``temperature`` with the evaluation protocol's top-p (``EvalConfig.top_p``)."""
     from mopd.config import EvalConfig, RetrieverConfig
-    from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.data.warmstart import CachedRetriever, workflow_settings
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
+    from mopd.recipes.tiny_world.warmstart import CachedRetriever, workflow_settings
     from mopd.retriever import load_retriever
     from mopd.rollout.hf_engine import HFEngine
     from mopd.rollout.scheduler import run_workflows
@@ -147,7 +147,7 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: We
     import json
     from pathlib import Path
 
-    from mopd.data.warmstart import read_pi0
+    from mopd.recipes.tiny_world.warmstart import read_pi0
 
     path = Path(path)
     key = {"pi0": read_pi0(pi0)["settings"], "attempts": attempts, "seed": seed, "weak_em": weak.em,
@@ -175,14 +175,14 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
     writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
     KEY=VALUE settings (``index_kind=bm25`` among them), ``pi0_items`` the warm start's
-    (:func:`mopd.data.warmstart.parse_pi0_settings`); ``workers``: processes of the demonstrations
+    (:func:`mopd.recipes.tiny_world.warmstart.parse_pi0_settings`); ``workers``: processes of the demonstrations
     and of the dev check."""
     import json
     from pathlib import Path
 
     from mopd.core.reproducible import deterministic_torch
-    from mopd.data.tinyworld import build_world, parse_world_settings
-    from mopd.data.warmstart import build_pi0, parse_pi0_settings
+    from mopd.recipes.tiny_world.world import build_world, parse_world_settings
+    from mopd.recipes.tiny_world.warmstart import build_pi0, parse_pi0_settings
 
     root = Path(root)
     out: Dict[int, dict] = {}
@@ -243,7 +243,7 @@ class AnswererOnly:
 def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Sequence[str] = ("cmas", "hmas"),
                    temperature: float = 0.6, seed: int = 0, attempts: int = 4, style=None,
                    progress: bool = False) -> Dict[str, dict]:
-    """``{workflow: summarize(records)}`` of the scripted team (:mod:`mopd.data.demo_policy`,
+    """``{workflow: summarize(records)}`` of the scripted team (:mod:`mopd.recipes.tiny_world.scripted_policy`,
     ``style`` or its defaults) with ``model_dir``'s Answerer, on a split of the world; also
     ``{workflow}_scripted``: the same workflows with the scripted Answerer, for comparison
     (same seeds, so the same Leader and Searcher draws up to the Answerer's turn). Each summary
@@ -251,9 +251,9 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
     holds every gold fact the answer needs (both bands' sentences for a pair question; the
     Answerer's own job, whatever the Searchers missed), and ``given_facts``: how many those were."""
     from mopd.config import EvalConfig, RetrieverConfig
-    from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
-    from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.data.warmstart import CachedRetriever, workflow_settings
+    from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
+    from mopd.recipes.tiny_world.warmstart import CachedRetriever, workflow_settings
     from mopd.retriever import load_retriever
     from mopd.rollout.hf_engine import HFEngine
     from mopd.rollout.scheduler import run_workflows
@@ -277,7 +277,7 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
 
 def _em_given_facts(records, policy, tokenizer) -> dict:
     """EM per dataset over the workflows whose last Answerer prompt holds every gold sentence the
-    answer needs (:meth:`mopd.data.demo_policy.DemoPolicy.holds_needed_facts`)."""
+    answer needs (:meth:`mopd.recipes.tiny_world.scripted_policy.DemoPolicy.holds_needed_facts`)."""
     from mopd.core.scoring import exact_match
 
     by_ds = defaultdict(list)

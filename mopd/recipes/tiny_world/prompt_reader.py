@@ -1,6 +1,6 @@
 """Reading an agent's prompt back into what the agent knows: its role, task, searches and reports.
 
-The scripted demonstration policy (:mod:`mopd.data.demo_policy`) sees exactly what the model
+The scripted demonstration policy (:mod:`mopd.recipes.tiny_world.scripted_policy`) sees exactly what the model
 sees, the decoded prompt ids of a request, and must act on it. This module turns that ChatML
 text back into a :class:`PromptView`: the role (from the system prompt), the question, the H-MAS
 subtask, the passages of every search so far, the Searcher's own earlier outputs, the reports a

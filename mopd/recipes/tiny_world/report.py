@@ -1,7 +1,7 @@
 """The demo's report: the claims it checks (paired bootstrap differences), the pi_0 check's table,
 and the multi-seed summary with its tables (rendered into README.md by ``mopd demo-docs``).
 
-The pipeline that produces what these read is :mod:`mopd.demo`.
+The pipeline that produces what these read is :mod:`mopd.recipes.tiny_world.demo`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ReportInputs:
     dev: bool = False
     """The systems were evaluated on the dev split (the tuning path)."""
     pi0_check: Optional[dict] = None
-    """pi_0's dev check (:func:`mopd.data.policy_check.check_pi0_cached`), appended when given."""
+    """pi_0's dev check (:func:`mopd.recipes.tiny_world.policy_check.check_pi0_cached`), appended when given."""
 
 
 def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
@@ -189,7 +189,7 @@ def pi0_check_markdown(check: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-DECOMPOSITION_DATASET = "tiny_pair_towns"   # mopd.data.world_text.PAIR_TOWNS (no import: data sits below)
+DECOMPOSITION_DATASET = "tiny_pair_towns"   # mopd.recipes.tiny_world.world_text.PAIR_TOWNS (no import: data sits below)
 """The question type on which the seed summary shows how often the Leader splits a question."""
 
 

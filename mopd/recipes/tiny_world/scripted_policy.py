@@ -2,12 +2,12 @@
 
 :class:`DemoEngine` implements the :class:`mopd.rollout.engine.Engine` protocol: for each request
 it decodes the prompt ids, reads the role and state back from the text
-(:mod:`mopd.data.demo_reader`), decides the action like a reasonable but careless agent, and
+(:mod:`mopd.recipes.tiny_world.prompt_reader`), decides the action like a reasonable but careless agent, and
 returns that text tokenised as the model would have written it (EOS appended unless the text
 ends with one of the request's stop strings, log-probs 0). Running the real ``run_workflows``
 with this engine gives WorkflowRecords whose ``call.token_ids()`` / ``call.loss_mask()`` are
 exactly the sequences the model will see and write, so supervised fine-tuning on them
-(:mod:`mopd.data.warmstart`) teaches the real prompt and action format of all three roles.
+(:mod:`mopd.recipes.tiny_world.warmstart`) teaches the real prompt and action format of all three roles.
 
 The script knows the world (which passage holds which fact) but acts only on what the prompt
 shows: a fact counts as found when its gold passage is among the passages returned so far (or,
@@ -31,9 +31,9 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mopd.data.demo_reader import Doc, PromptView, read_prompt
-from mopd.data.world_kb import GENRES, KnowledgeBase
-from mopd.data.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, pair_answers, with_article
+from mopd.recipes.tiny_world.prompt_reader import Doc, PromptView, read_prompt
+from mopd.recipes.tiny_world.world_kb import GENRES, KnowledgeBase
+from mopd.recipes.tiny_world.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, pair_answers, with_article
 from mopd.rollout.sampling import derive_seed
 from mopd.rollout.scripted_engine import ScriptedEngine
 
@@ -128,7 +128,7 @@ class Task:
     pair: Tuple[str, ...] = ()
     """The two bands of a pair question or joint subtask (``subject`` is the first); () otherwise."""
     dataset: str = ""
-    """A pair question's dataset (a key of :data:`mopd.data.world_text.PAIR_TEMPLATES`)."""
+    """A pair question's dataset (a key of :data:`mopd.recipes.tiny_world.world_text.PAIR_TEMPLATES`)."""
 
 
 class DemoPolicy:
@@ -445,10 +445,10 @@ class DemoPolicy:
 
 
 def world_policy(world_dir, style: DemoStyle = DemoStyle()) -> DemoPolicy:
-    """The scripted policy of a world built by :func:`mopd.data.tinyworld.build_world`."""
+    """The scripted policy of a world built by :func:`mopd.recipes.tiny_world.world.build_world`."""
     import json
 
-    from mopd.data.tinyworld import WorldPaths, load_kb
+    from mopd.recipes.tiny_world.world import WorldPaths, load_kb
 
     paths = WorldPaths.of(world_dir)
     firsts = {}

@@ -1,10 +1,11 @@
-"""The README's demo numbers, rendered from the committed reports under docs/ (never typed by hand).
+"""The demo page's numbers (docs/demo.md), rendered from the committed reports under docs/ (never typed by hand).
 
 ``publish(run, dest)`` copies a finished ``mopd demo`` run (or a ``mopd demo --seeds`` run) into a
-docs folder (a run evaluated on both splits: its dev report under dest/dev/); ``update_readme`` rewrites every block of README.md between
+docs folder (a run evaluated on both splits: its dev report under dest/dev/); ``update_readme`` rewrites every block of the page
+(``PAGE``, docs/demo.md; its links are relative to docs/, where it sits) between
 ``<!-- demo-tables:NAME -->`` and ``<!-- /demo-tables:NAME -->`` from those folders:
 
-- ``seed0-systems``: avg@4 / pass@4 / 4/4 of every system the README names (``LABELS``; docs/demo/report.md's
+- ``seed0-systems``: avg@4 / pass@4 / 4/4 of every system the page names (``LABELS``; docs/demo/report.md's
   main table);
 - ``seed0-claims``: every claim in order with its kind, interval and verdict (docs/demo/claims.json;
   one written before claims had kinds is labelled from its systems);
@@ -13,7 +14,7 @@ docs folder (a run evaluated on both splits: its dev report under dest/dev/); ``
   trained Leader's 2+-subtask rate, then each claim pooled), or, while
   no multi-seed run is published, one row per single-seed folder docs/demo_seedN/.
 
-``python -m mopd.demo_tables [--check]`` is the same as ``mopd demo-docs readme [--check]``.
+``python -m mopd.recipes.tiny_world.tables [--check]`` is the same as ``mopd demo-docs readme [--check]``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ LABELS = {"C-MAS base": "C-MAS base (pi_0)", "C-MAS + RL": "C-MAS + RL (Stage I)
           "No Searcher supervision": "No Searcher supervision (Stage II, Searcher loss 0)",
           "Outcome Searcher": "Outcome Searcher (ablation, last step)",
           "Base teacher": "Base teacher (ablation, last step)"}
-"""How the README names each system of the report."""
+"""How the page names each system of the report."""
 
 RUN_FILES = ("timings.json", "demo_settings.json", "environment.json")
 REPORT_FILES = ("report.md", "metrics.json", "claims.json", "pi0_check.json")
+PAGE = "docs/demo.md"
+"""The page whose marked blocks ``update_readme`` rewrites (README.md links it)."""
 MARKER = re.compile(r"(<!-- demo-tables:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /demo-tables:(?P=name) -->)", re.S)
 
 
@@ -113,7 +116,7 @@ def render_seed0_systems(docs: Path) -> str:
 
 
 def render_seed0_claims(docs: Path) -> str:
-    from mopd.demo_report import claims_table
+    from mopd.recipes.tiny_world.report import claims_table
 
     return claims_table(json.loads((docs / "demo" / "claims.json").read_text()))
 
@@ -129,15 +132,15 @@ def render_seed0_timings(docs: Path) -> str:
 
 
 def render_seeds(docs: Path) -> str:
-    from mopd.demo_report import per_dataset_section, pooled_table, seed_table
+    from mopd.recipes.tiny_world.report import per_dataset_section, pooled_table, seed_table
 
     summary_path = docs / "demo_seeds" / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
-        links = " ".join(f"[seed {n}]({docs.name}/demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
+        links = " ".join(f"[seed {n}](demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
         return "\n".join([seed_table(summary), "", pooled_table(summary), ""] + per_dataset_section(summary)
                          + [f"Reports: {links}."])
-    from mopd.demo_report import CLAIMS, SHORT_VERDICT, claim_name, with_claim_fields
+    from mopd.recipes.tiny_world.report import CLAIMS, SHORT_VERDICT, claim_name, with_claim_fields
 
     folders = sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):]))
     if not folders:
@@ -156,7 +159,7 @@ def render_seeds(docs: Path) -> str:
         t = json.loads((d / "timings.json").read_text())
         cells = ["n/a" if name not in have else _interval(have[name])
                  + ("" if have[name]["holds"] else SHORT_VERDICT[have[name]["verdict"]]) for name in names]
-        link = f"{docs.name}/{d.name}/report.md"   # relative to the README, which sits beside docs/
+        link = f"{d.name}/report.md"   # relative to the page, which sits in docs/
         out.append(f"| {n} | " + " | ".join(cells) + f" | {t['total'] / 60:.1f} min | [seed {n}]({link}) |")
     return "\n".join(out)
 
@@ -170,11 +173,11 @@ def render_blocks(docs) -> dict[str, str]:
 
 
 def readme_blocks(text: str) -> dict[str, str]:
-    """The current text of every marked block of a README (without the markers)."""
+    """The current text of every marked block of a page (without the markers)."""
     return {m.group("name"): m.group("body").rstrip("\n") for m in MARKER.finditer(text)}
 
 
-def update_readme(readme="README.md", docs="docs", check: bool = False) -> list[str]:
+def update_readme(readme=PAGE, docs="docs", check: bool = False) -> list[str]:
     """Rewrite the marked blocks of ``readme`` from ``docs``; returns the names of the blocks that
     changed (with ``check``, that would change; nothing is written)."""
     path = Path(readme)
@@ -196,8 +199,8 @@ def update_readme(readme="README.md", docs="docs", check: bool = False) -> list[
 def main(argv=None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m mopd.demo_tables", description=__doc__.split("\n\n")[0])
-    p.add_argument("--readme", default="README.md")
+    p = argparse.ArgumentParser(prog="python -m mopd.recipes.tiny_world.tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("--page", "--readme", dest="readme", default=PAGE, help="the page with the markers")
     p.add_argument("--docs", default="docs")
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)

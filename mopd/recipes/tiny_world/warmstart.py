@@ -5,9 +5,9 @@ The demo stands in for an instruction-tuned model, so pi_0 must already speak th
 of every role (Searcher, Leader, Answerer; C-MAS and H-MAS) while leaving room for RL. Steps:
 
 1. a byte-level BPE tokenizer trained on the world's passages and training questions, and a
-   random Qwen3 model (:func:`mopd.data.tiny_model.init_tiny_model`);
+   random Qwen3 model (:func:`mopd.recipes.tiny_world.tiny_model.init_tiny_model`);
 2. demonstrations: the real ``run_workflows`` over the training questions with the scripted,
-   deliberately imperfect :class:`mopd.data.demo_policy.DemoEngine`, so every sequence is exactly
+   deliberately imperfect :class:`mopd.recipes.tiny_world.scripted_policy.DemoEngine`, so every sequence is exactly
    what the model will see (token ids and loss masks of each agent call); optionally
    (``practice_worlds``, off by default) also over every question of a few other-seed worlds,
    where the same names mean other facts, so that only copying from the prompt fits them;
@@ -99,10 +99,10 @@ class WarmStartSettings:
 
     split_pair: float = 0.8
     """How often the demonstrated Leader splits a pair question into one subtask per band
-    (:class:`mopd.data.demo_policy.DemoStyle`)."""
+    (:class:`mopd.recipes.tiny_world.scripted_policy.DemoStyle`)."""
     both_facts: float = 0.6
     """How often a demonstrated Searcher with two facts to find goes on to the second
-    (:class:`mopd.data.demo_policy.DemoStyle`)."""
+    (:class:`mopd.recipes.tiny_world.scripted_policy.DemoStyle`)."""
 
     def __post_init__(self):
         if self.steps < 1 or self.episodes_per_step < 1 or self.attempts < 1:
@@ -140,7 +140,7 @@ def practice_world_seeds(seed: int, n: int) -> List[int]:
 
 def build_practice_worlds(base_dir, seed: int, n: int) -> list:
     """The practice worlds (BM25 indexes: a second each), built once under ``base_dir``."""
-    from mopd.data.tinyworld import WorldSettings, build_world
+    from mopd.recipes.tiny_world.world import WorldSettings, build_world
 
     return [build_world(Path(base_dir) / f"seed{ps}", settings=WorldSettings(seed=ps, index_kind="bm25"))
             for ps in practice_world_seeds(seed, n)]
@@ -173,7 +173,7 @@ BPE); weighted, every word is one token (108), and the world's passages lose lit
 
 
 NAME_WEIGHT = 4
-"""Copies of the world's name vocabulary (:func:`mopd.data.world_kb.name_vocabulary`) among the
+"""Copies of the world's name vocabulary (:func:`mopd.recipes.tiny_world.world_kb.name_vocabulary`) among the
 tokenizer's training texts: with a 2,048-token BPE every town, river and name word is one token."""
 
 
@@ -185,9 +185,9 @@ def tokenizer_texts(world_dir) -> List[str]:
     """What the tokenizer is trained on: every passage, the training questions, the subtask
     wordings (pair subtasks and the pair answers' joint included), the role prompts ``PROMPT_WEIGHT``
     times and the name vocabulary ``NAME_WEIGHT`` times."""
-    from mopd.data.demo_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
-    from mopd.data.tinyworld import WorldPaths, load_split
-    from mopd.data.world_kb import name_vocabulary
+    from mopd.recipes.tiny_world.scripted_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
+    from mopd.recipes.tiny_world.world_kb import name_vocabulary
     from mopd.rollout.prompts import all_prompt_texts
 
     paths = WorldPaths.of(world_dir)
@@ -207,8 +207,8 @@ def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[
                         attempts: int = 4, seed: int = 0, style=None, questions=None) -> Demonstrations:
     """Scripted episodes over the training questions (or ``questions``), as training sequences."""
     from mopd.core.scoring import exact_match
-    from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
-    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.rollout.scheduler import run_workflows
 
     paths = WorldPaths.of(world_dir)
@@ -241,7 +241,7 @@ def _demonstrations_in_worker(world_dir, tokenizer_dir, workflow: str, attempts:
 
     from mopd.config import RetrieverConfig
     from mopd.core.reproducible import deterministic_torch
-    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.retriever import load_retriever
 
     deterministic_torch(1)
@@ -260,7 +260,7 @@ def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "War
     scripted policy draws from a generator seeded per workflow, and every query is searched alone
     (on seed 0's world, 10,880 episodes, equal to one process at 2 threads; bench/RESULTS.md)."""
     from mopd.core.spawn_map import spawn_map
-    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
 
     workers = min(workers, len(s.workflows), os.cpu_count() or 1)
     if workers <= 1:
@@ -276,9 +276,9 @@ def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "War
 
 
 def name_token_ids(tokenizer) -> List[int]:
-    """Ids of the one-token names of :func:`mopd.data.world_kb.name_vocabulary` (as in running
+    """Ids of the one-token names of :func:`mopd.recipes.tiny_world.world_kb.name_vocabulary` (as in running
     text, after a space)."""
-    from mopd.data.world_kb import name_vocabulary
+    from mopd.recipes.tiny_world.world_kb import name_vocabulary
 
     ids = [tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
     return sorted({i[0] for i in ids if len(i) == 1})
@@ -290,7 +290,7 @@ def read_pi0(out_dir) -> Optional[dict]:
 
 
 def _world_fingerprint(world_dir) -> str:
-    from mopd.data.tinyworld import WorldPaths
+    from mopd.recipes.tiny_world.world import WorldPaths
     from mopd.retriever.corpus import corpus_fingerprint
 
     paths = WorldPaths.of(world_dir)
@@ -299,7 +299,7 @@ def _world_fingerprint(world_dir) -> str:
 
 def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed: int = 0, settings: Optional[WarmStartSettings] = None,
               threads: Optional[int] = 1, progress: bool = True, demo_workers: int = 1, **overrides) -> Path:
-    """Warm-start pi_0 on the tiny world in ``world_dir`` (from :func:`mopd.data.tinyworld.build_world`);
+    """Warm-start pi_0 on the tiny world in ``world_dir`` (from :func:`mopd.recipes.tiny_world.world.build_world`);
     returns ``out_dir`` (a model directory). ``settings`` or keyword ``overrides`` (any
     :class:`WarmStartSettings` field) change the recipe; a finished ``out_dir`` with the same
     recipe and world is returned at once. ``threads``: torch CPU threads from here on (None:
@@ -321,9 +321,9 @@ def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mopd.config import RetrieverConfig
-    from mopd.data.demo_policy import DemoStyle
-    from mopd.data.tiny_model import init_tiny_model
-    from mopd.data.tinyworld import WorldPaths, load_split
+    from mopd.recipes.tiny_world.scripted_policy import DemoStyle
+    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.retriever import load_retriever, open_retriever
 
     if threads is not None:

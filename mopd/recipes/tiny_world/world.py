@@ -10,7 +10,7 @@
     DIR/world.json               the settings and counts (written last: marks a finished world)
 
 Datasets: the chain questions tiny_1hop and tiny_2hop, and the pair questions tiny_pair_towns and
-tiny_pair_genres (two bands each; :mod:`mopd.data.world_text`). Test questions are new questions,
+tiny_pair_genres (two bands each; :mod:`mopd.recipes.tiny_world.world_text`). Test questions are new questions,
 each about its own subject, whose sibling (the other hop about the same subject) stays in
 training, as in the calibration prototype; a test pair question's bands are, as far as the bands
 go, not the subjects of any other test question. A split by subject (test
@@ -36,8 +36,8 @@ from mopd.core.atomic import atomic_open, atomic_write_json
 from mopd.core.qa import QAExample, load_flashrag, write_questions
 from mopd.data.markers import read_marker
 from mopd.data.splits import build_splits, write_splits
-from mopd.data.world_kb import KnowledgeBase, WorldSizes, generate_kb
-from mopd.data.world_text import CHAIN_DATASETS, DATASETS, PAIR_DATASETS, write_world_text
+from mopd.recipes.tiny_world.world_kb import KnowledgeBase, WorldSizes, generate_kb
+from mopd.recipes.tiny_world.world_text import CHAIN_DATASETS, DATASETS, PAIR_DATASETS, write_world_text
 
 WORLD_FORMAT = 1
 WORLD_FILE = "world.json"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from mopd.core.qa import QAExample
-from mopd.data.world_kb import INDUSTRY_WORDS, KnowledgeBase
+from mopd.recipes.tiny_world.world_kb import INDUSTRY_WORDS, KnowledgeBase
 
 ONE_HOP = "tiny_1hop"
 TWO_HOP = "tiny_2hop"

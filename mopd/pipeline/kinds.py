@@ -1,0 +1,88 @@
+"""The kinds of stage a pipeline can hold beyond training, export and evaluation, and the kinds of
+report it can end with: registries that recipes add to.
+
+- A **setup stage kind** builds what the training stages read (a world, a base model) before
+  Stage I, in this process. It is a :class:`mopd.pipeline.stages.Stage` subclass registered with
+  :func:`register_stage_kind`, with a classmethod ``check_settings(settings)`` (raise ValueError on
+  a bad KEY=VALUE: it runs when the config is checked, before anything is built), a classmethod
+  ``build(cfg, key, settings)`` returning the stage (``key``: its name in ``cfg.setup``), and ``run(self, ctx)`` (``ctx``: the in-process
+  runner, with ``cfg``, ``root`` and ``log``), which returns what the report writer is given.
+- A **report kind** writes the pipeline's report: a function ``(stage, setup_results, log) ->
+  path of report.md`` registered with :func:`register_report_kind` (``setup_results``: what each
+  setup stage's ``run`` returned, by its key; empty under the subprocess launcher). ``eval`` (`mopd eval report`)
+  is the core's; a recipe adds its own.
+
+A name not registered loads the recipes (:func:`mopd.core.recipes.load_recipes`) before it is
+refused, so a pipeline file naming a recipe's kind works in any process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict
+
+from mopd.config import ConfigError
+from mopd.core.recipes import load_recipes
+
+STAGE_KINDS: Dict[str, type] = {}
+"""Setup stage kinds by name (see the module docstring)."""
+REPORT_KINDS: Dict[str, Callable] = {}
+"""Report writers by name (see the module docstring)."""
+
+
+def register_stage_kind(name: str):
+    """Class decorator: register a setup stage kind under ``name``."""
+    def add(cls):
+        if name in STAGE_KINDS and STAGE_KINDS[name] is not cls:
+            raise ValueError(f"stage kind {name!r} is registered twice")
+        STAGE_KINDS[name] = cls
+        return cls
+    return add
+
+
+def register_report_kind(name: str):
+    """Function decorator: register a report writer under ``name``."""
+    def add(fn):
+        if name in REPORT_KINDS and REPORT_KINDS[name] is not fn:
+            raise ValueError(f"report kind {name!r} is registered twice")
+        REPORT_KINDS[name] = fn
+        return fn
+    return add
+
+
+def _lookup(table: Dict, name: str, what: str, where: str):
+    if name not in table:
+        load_recipes()
+    if name not in table:
+        raise ConfigError(f"{where}={name!r} is not a {what}; choose one of {sorted(table)}")
+    return table[name]
+
+
+def stage_kind(name: str, where: str = "setup.kind") -> type:
+    """The setup stage kind registered as ``name`` (a one-line ConfigError naming the kinds if none)."""
+    return _lookup(STAGE_KINDS, name, "setup stage kind", where)
+
+
+def report_kind(name: str, where: str = "report.kind") -> Callable:
+    """The report writer registered as ``name`` (a one-line ConfigError naming the kinds if none)."""
+    return _lookup(REPORT_KINDS, name, "report kind", where)
+
+
+def check_setup(cfg) -> None:
+    """Every setup stage of ``cfg`` names a registered kind and its settings parse."""
+    for key, s in cfg.setup.items():
+        kind = stage_kind(s.kind, f"setup.{key}.kind")
+        try:
+            kind.check_settings(list(s.settings))
+        except ValueError as e:
+            raise ConfigError(f"setup.{key}: {e}") from None
+
+
+@register_report_kind("eval")
+def eval_report(stage, setup_results: Dict[str, object], log) -> Path:
+    """`mopd eval report`: metrics, paired intervals against the reference, costs, curves."""
+    from mopd.eval.report import ReportOptions, report_runs   # matplotlib: only when a report is written
+
+    return report_runs([e.out for e in stage.evals], stage.out, ReportOptions(
+        names=stage.names, reference=stage.reference, draws=stage.draws, validation_logs=stage.logs,
+        validation_labels=stage.labels, title=stage.heading))
