@@ -253,9 +253,9 @@ def test_searchr1_parquet_layout(tmp_path, capsys):
 
 
 def test_the_readme_gpu_steps_for_data_parse_and_run_on_the_fixture_layout(tmp_path, capsys):
-    """The README's data step is `mopd data prepare data/ ...` on FlashRAG's layout: run as written,
+    """The GPU guide's data step is `mopd data prepare data/ ...` on FlashRAG's layout: run as written,
     with data/ being the fixture (and no `data.skip_malformed` config key named for the CLI flag)."""
-    from tests.helpers.readme import README, gpu_section_commands
+    from tests.helpers.readme import GPU_GUIDE, gpu_section_commands
 
     steps = gpu_section_commands("data")
     assert [s[:2] for s in steps] == [["data", "prepare"], ["data", "prepare"]] and "--dry-run" in steps[0]
@@ -264,4 +264,4 @@ def test_the_readme_gpu_steps_for_data_parse_and_run_on_the_fixture_layout(tmp_p
         argv = argv[:2] + [str(tmp_path / a) if a.rstrip("/") in ("data", "splits") else a for a in argv[2:]]
         assert main(argv) == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "splits" / "manifest.json").read_text())["counts"]["test"] == PAPER_TEST_COUNTS
-    assert "data.skip_malformed=true skips" not in README.read_text()
+    assert "data.skip_malformed=true skips" not in GPU_GUIDE.read_text()

@@ -1,16 +1,17 @@
-"""The shell commands of the README's GPU section, for tests that check they parse."""
+"""The shell commands of the GPU guide's step-by-step block (docs/gpu_training.md, which the README
+links for training on GPUs), for tests that check they parse."""
 
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GPU_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "gpu_training.md"
 
 
 def gpu_section_commands(prefix: str) -> list[list[str]]:
-    """argv (after ``mopd``) of each command in the README's "Training your own model (GPUs)"
+    """argv (after ``mopd``) of each command in the GPU guide's "The paper's run, step by step"
     block that starts with ``mopd PREFIX`` (backslash continuations joined, ``&`` and comments cut)."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Training your own model (GPUs)", 1)[1].split("\n## ", 1)[0]
+    text = GPU_GUIDE.read_text(encoding="utf-8")
+    section = text.split("## The paper's run, step by step", 1)[1].split("\n## ", 1)[0]
     block = section.split("```bash", 1)[1].split("```", 1)[0]
     commands, current = [], ""
     for line in block.splitlines():

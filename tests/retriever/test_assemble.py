@@ -163,7 +163,7 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch
 
 
 def test_the_readme_gpu_steps_for_the_index_parse(tmp_path, capsys):
-    """The README's retriever steps name options these commands have (parsed, not run)."""
+    """The GPU guide's retriever steps name options these commands have (parsed, not run)."""
     from mopd.cli import build_parser
     from tests.helpers.readme import gpu_section_commands
 
