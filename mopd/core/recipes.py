@@ -4,7 +4,7 @@ A recipe registers its presets, stage kinds and commands when it is imported. Th
 imports one by name; it asks :func:`load_recipes`, which imports every package under
 ``mopd/recipes/`` and every module declared under the ``mopd.recipes`` entry-point group (a
 recipe in another distribution), once. Registries call it when asked for a name they do not
-hold, so ``mopd train tiny_mopd`` finds a recipe's preset in any process, a torchrun worker
+hold, so ``mopd train PRESET`` finds a recipe's preset in any process, a torchrun worker
 included; the command line calls :func:`recipe_command_modules` to offer their commands.
 """
 

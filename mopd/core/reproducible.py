@@ -1,5 +1,5 @@
 """Bit-reproducible CPU runs: the process environment and torch settings under which a seeded run
-of the tiny world (world, retrieval index, pi_0, Stage I/II, evaluation) gives the same bits.
+on the CPU (a world's build, retrieval index, warm start, Stage I/II, evaluation) gives the same bits.
 
 What decides the bits on a CPU, and what pins it (measured on the 2-core Xeon dev box, 2026-12-01,
 a 0.7M-parameter Qwen3 trained 7 AdamW steps; bench/RESULTS.md "Reproducibility"):

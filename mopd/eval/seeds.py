@@ -74,8 +74,8 @@ def pooled_by_dataset(per_seed_questions: Sequence[Sequence[dict]], draws: int, 
 def summarize_seeds(per_seed: Mapping[int | str, dict], draws: int, seed: int,
                     order: Sequence[tuple[str, str]] = ()) -> dict:
     """The multi-seed summary from each seed's ``claims.json`` (with per-question values, see
-    ``mopd.recipes.tiny_world.report.check_claims``) and optionally its ``timings``, ``pi0_check`` and
-    ``decomposition`` (copied as they are).
+    e.g. a recipe's report) and optionally its ``timings``, ``pi0_check`` and ``decomposition``
+    (copied as they are).
 
     Claims are matched by their (trained, base) systems, not their position, so seeds whose runs
     evaluated different systems pool what they share: each claim is pooled over the seeds that have

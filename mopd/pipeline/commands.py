@@ -15,8 +15,8 @@ def register(sub) -> None:
                     "the Stage II arms and their exports, the evaluation of every system and the report. A finished "
                     "stage is reused (its marker holds what it was built with), a killed one resumes: run the same "
                     "command again. `paper` is the paper's run on 8 GPUs (each stage its `mopd ...` command, "
-                    "training under torchrun); `demo` is `mopd demo` (the built-in tiny world, on a CPU, in this "
-                    "process). Options go before PRESET; everything after it is a pipeline override, e.g. "
+                    "training under torchrun); recipes add theirs (`demo` is `mopd demo`). "
+                    "Options go before PRESET; everything after it is a pipeline override, e.g. "
                     "root=runs/mine model=/models/q stage1.steps=300 launcher.gpus=16 "
                     "'overrides=[trainer.lr=2e-6]'.")
     p.add_argument("--file", dest="yaml_file", default=None,

@@ -259,7 +259,7 @@ def prefers_async(engine) -> bool:
     "Asynchronous rollout"): yes for vLLM, whose engine steps run outside the Python interpreter
     lock and batch continuously (simulated at the paper's scale: 1.46-1.50x lock-step tokens/s);
     no for the HF engine, whose Python decode loop shares that lock with the event loop (measured
-    on the CPU, tiny world: 0.57x; not measured on a GPU) and for other synchronous engines. The
+    on the CPU with the 0.7M-parameter model: 0.57x; not measured on a GPU) and for other synchronous engines. The
     engine says so in its ``capabilities``."""
     from mopd.rollout.engine import capabilities_of
 

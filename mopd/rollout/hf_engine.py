@@ -136,8 +136,8 @@ class HFEngine:
     @property
     def capabilities(self) -> EngineCapabilities:
         """A step-level front (:mod:`mopd.rollout.hf_continuous`), but lock-step is the faster
-        scheduler (its Python decode loop shares the interpreter lock with the event loop: 0.57x on
-        the tiny world, bench/RESULTS.md); sampling log-probs are the trainer's (same model, full
+        scheduler (its Python decode loop shares the interpreter lock with the event loop: 0.57x with
+        the 0.7M-parameter model on the CPU, bench/RESULTS.md); sampling log-probs are the trainer's (same model, full
         softmax of the temperature-scaled logits); memory is freed only for an owned copy on a GPU."""
         return EngineCapabilities(step_front=True, prefers_async=False, frees_memory=self._frees_memory(),
                                   shares_trainer_model=not self.owns_model, trainer_logprobs=True)

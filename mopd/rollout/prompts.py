@@ -148,7 +148,7 @@ def leader_feedback(reports: Sequence[Report] = (), invalid: bool = False, force
 
 def all_prompt_texts() -> Tuple[str, ...]:
     """Every fixed text an agent reads: the role table's system prompts and this module's
-    templates and orders (the tiny tokenizer is trained on them)."""
+    templates and orders (a small model built with its own tokenizer trains it on them)."""
     return tuple(r.system_prompt for r in ROLE_TABLE.values()) + (
         SEARCHER_USER, SEARCHER_SUBTASK_USER, LEADER_USER, ANSWERER_USER, NO_REPORTS, EMPTY_REPORT,
         INVALID_SEARCHER, INVALID_LEADER, FORCE_REPORT, FORCE_SELECT)

@@ -32,6 +32,7 @@ from mopd.train.distributed import all_reduce, init_distributed, leave_process_g
 from mopd.train.learning_signal import (ALL_INVALID, all_invalid, counts_tensor, invalid_fractions, logprob_gap_sums,
                                         no_signal_reason, role_call_counts, role_fractions, signal_token_counts)
 from mopd.train.metrics_log import MetricsLogger, plot_training
+from mopd.train.model_checks import model_notices
 from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
 from mopd.train.interrupts import StopSignals
@@ -140,7 +141,7 @@ class PolicyTrainer:
                 self.logger.event(0, "data", f"skipped {self._skipped_rows} malformed training rows")
         if self.memory_note:
             self.logger.event(0, "memory_plan", self.memory_note)
-        self._say_if_not_tiny()
+        self._say_model_notices()
         if resume:
             self.resume()
 
@@ -403,14 +404,11 @@ class PolicyTrainer:
                             f"{path}): check that the model writes the action format (its chat template, "
                             "model.path), or set trainer.max_signalless_steps=0 to train on")
 
-    def _say_if_not_tiny(self) -> None:
-        """A tiny_* preset's hyperparameters (lr 3e-4 and up) were chosen for the tiny world's 0.7M
-        model; with a larger model (a real one) they are likely to wreck it: say so."""
-        from mopd.train.model import tiny_preset_mismatch
-
-        line = tiny_preset_mismatch(self.cfg, self.model)
-        if line:
-            self.logger.event(self.step, "tiny_preset", line)
+    def _say_model_notices(self) -> None:
+        """What the registered model checks (:mod:`mopd.train.model_checks`) say about this config
+        and model (a preset's learning rate made for a far smaller model, say): an event and a line each."""
+        for kind, line in model_notices(self.cfg, self.model):
+            self.logger.event(self.step, kind, line)
             self._say(line)
 
     def rollout(self, questions, settings: WorkflowSettings, attempts: int) -> List:
