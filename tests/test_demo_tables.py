@@ -97,7 +97,7 @@ def test_publish_then_render_into_a_readme(tmp_path):
     write_seed_summary(tmp_path / "runs" / "seeds", [3, 4], draws=100)
     publish(tmp_path / "runs" / "seeds", docs / "demo_seeds")
     assert (docs / "demo_seeds" / "seed4" / "claims.json").is_file() and (docs / "demo_seeds" / "summary.md").is_file()
-    readme = tmp_path / "README.md"
+    readme = docs / "demo.md"
     readme.write_text(README)
     assert update_readme(readme, docs) == ["seed0-systems", "seed0-claims", "seed0-timings", "seeds"]
     text = readme.read_text()
@@ -107,7 +107,7 @@ def test_publish_then_render_into_a_readme(tmp_path):
     assert "| C-MAS + RL minus C-MAS base | 2 of 2 seeds | +15.00 [+10.00, +20.00] |" in text
     assert "[seed 4](demo_seeds/seed4/report.md)" in text
     assert update_readme(readme, docs, check=True) == []
-    # a report that changes makes the README out of date, and check does not write
+    # a report that changes makes the page out of date, and check does not write
     claims = json.loads((docs / "demo" / "claims.json").read_text())
     claims[0]["diff"] = 0.2
     (docs / "demo" / "claims.json").write_text(json.dumps(claims))
@@ -171,7 +171,7 @@ def test_render_new_claims_systems_and_seeds_from_a_fabricated_docs_folder(tmp_p
     assert ("| 2 | -1.00 [-3.00, +1.00] (not distinguishable from 0) | -2.00 [-6.00, +2.00] (not distinguishable "
             "from 0) | +30.00 [+25.00, +35.00] | +25.00 [+20.00, +30.00] | 71.0% (50.0% in one output) |") in seeds[3]
     assert "| primary | MultiAgent-OPD minus No Searcher supervision | 1 of 2 seeds | +1.00 [" in blocks["seeds"]
-    readme = tmp_path / "README.md"
+    readme = docs / "demo.md"
     readme.write_text(README)
     update_readme(readme, docs)
     assert update_readme(readme, docs, check=True) == []
