@@ -26,7 +26,7 @@ from mopd.retriever import bundled_corpus_path, bundled_index, open_retriever
 from mopd.retriever.encoders import load_encoder
 from mopd.retriever.index_faiss import FaissIndex, build_faiss
 from mopd.retriever.index_torch import TorchIndex
-from mopd.retriever.server import BATCHER, ServerThread
+from mopd.retriever.server import BATCHER, Batching, ServerThread
 
 CLIENTS = 64
 REQUESTS_PER_CLIENT = 4
@@ -69,7 +69,8 @@ RESULTS = {}
 MIXES = {"1 x 1-query": (1, 1, 20), "32 x 1-query": (32, 1, 3), "128 x 1-query": (128, 1, 2),
          "1 x 64-query": (1, 64, 4), "4 x 64-query": (4, 64, 2)}
 SERVERS = {"default": {}, "unsliced": dict(slice_work=10 ** 9, max_batch_work=10 ** 9, max_whole_work=10 ** 9),
-           "no batching": dict(batching=False)}
+           "no batching": dict(enabled=False)}
+"""Each server's :class:`mopd.retriever.server.Batching` settings (besides a 2 ms window)."""
 
 
 async def _mix(url: str, questions, clients: int, per_request: int, requests: int) -> float:
@@ -100,7 +101,8 @@ def run_mixes(rounds: int, mixes=None, servers_=None) -> dict:
     questions = [r["contents"].split("\n", 1)[0] + " history and trade" for r in rows]
     mixes = {m: MIXES[m] for m in (mixes or MIXES)}
     kinds = {n: SERVERS[n] for n in (servers_ or SERVERS)}
-    servers = {name: ServerThread(retriever, max_wait_ms=2, **kw).start() for name, kw in kinds.items()}
+    servers = {name: ServerThread(retriever, batching=Batching(max_wait_ms=2, **kw)).start()
+               for name, kw in kinds.items()}
     qps = {(m, s): [] for m in mixes for s in kinds}
     batches = {(m, s): [] for m in mixes for s in kinds}     # batch sizes each server formed
     fair = {m: 0 for m in mixes}                              # default server: batches cut slice by slice
@@ -151,7 +153,7 @@ def run_mixes(rounds: int, mixes=None, servers_=None) -> dict:
 
 @pytest.mark.parametrize("batching", [False, True], ids=["no_batching", "micro_batching"])
 def test_server_qps(benchmark, retriever, questions, batching):
-    with ServerThread(retriever, batching=batching, max_wait_ms=2) as srv:
+    with ServerThread(retriever, batching=Batching(max_wait_ms=2, enabled=batching)) as srv:
         asyncio.run(_load(srv.url, questions, 8, 1))  # warm-up
         seconds = benchmark.pedantic(lambda: asyncio.run(_load(srv.url, questions, CLIENTS, REQUESTS_PER_CLIENT)),
                                      rounds=3, iterations=1)

@@ -28,7 +28,7 @@ import urllib.request
 import numpy as np
 
 from mopd.retriever import bundled_corpus_path, bundled_index, open_retriever
-from mopd.retriever.server import BATCHER, ServerLimits, ServerThread, freeze_heap
+from mopd.retriever.server import BATCHER, Batching, ServerLimits, ServerThread, freeze_heap
 
 CLIENTS = 32
 WINDOW_S = float(os.environ.get("MOPD_BENCH_WINDOW_S", "20"))
@@ -95,8 +95,8 @@ class _LargeClient(threading.Thread):
             self.answered += 1
 
 
-def _phase(retriever, questions, large: bytes | None, seconds: float, **server_kw) -> dict:
-    srv = ServerThread(retriever, **server_kw).start()
+def _phase(retriever, questions, large: bytes | None, seconds: float, batching: Batching = Batching()) -> dict:
+    srv = ServerThread(retriever, batching=batching).start()
     asyncio.run(_small_clients(srv.url, questions, 2.0))     # warm-up: connections, encoder
     big = None
     if large is not None:
@@ -111,7 +111,7 @@ def _phase(retriever, questions, large: bytes | None, seconds: float, **server_k
     if big is not None:
         big.stop.set()
         out["large_answered_in_window"] = big.answered
-    if large is None or server_kw.get("slice_work", 0) < 10 ** 8:
+    if large is None or batching.slice_work < 10 ** 8:
         srv.stop()
     return out
 
@@ -122,16 +122,15 @@ def run(seconds: float = WINDOW_S) -> dict:
     freeze_heap()                  # as `mopd retriever serve` does after loading
     limits = ServerLimits()
     wait = os.environ.get("MOPD_BENCH_RETURN_WAIT_MS")    # the server's --return-wait-ms (default 50)
-    kw = {"return_wait_ms": float(wait)} if wait else {}
+    batching = Batching(return_wait_ms=float(wait)) if wait else Batching()
     search_length, max_length = (_largest_request(questions, limits, long) for long in (False, True))
     try:
         results = {"alone": _phase(retriever, questions, None, seconds)}
-        results["large_search_length"] = _phase(retriever, questions, search_length, seconds, **kw)
-        results["large_max_length"] = _phase(retriever, questions, max_length, seconds, **kw)
+        results["large_search_length"] = _phase(retriever, questions, search_length, seconds, batching)
+        results["large_max_length"] = _phase(retriever, questions, max_length, seconds, batching)
         # Before the scheduling: a request was one batch however large (left running at the end).
-        results["large_search_length_unsliced"] = _phase(retriever, questions, search_length, seconds,
-                                                         slice_work=10 ** 9, max_batch_work=10 ** 9,
-                                                         max_whole_work=10 ** 9)
+        unsliced = Batching(slice_work=10 ** 9, max_batch_work=10 ** 9, max_whole_work=10 ** 9)
+        results["large_search_length_unsliced"] = _phase(retriever, questions, search_length, seconds, unsliced)
     finally:
         gc.unfreeze()              # frozen objects would be reported as leaked at exit
     base = results["alone"]["p99_ms"]

@@ -125,13 +125,12 @@ def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_r
     return tuple(hidden.new_empty(T, dtype=torch.float32) for _ in range(3))
 
 
+# A torch custom_op's schema takes tensors and scalars only, so its 12 arguments stay flat (no settings object).
 def _linear_logprobs_backward_impl(grad_logp: torch.Tensor, grad_entropy: torch.Tensor, hidden: torch.Tensor,
                                    weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
                                    entropy: torch.Tensor, temperature: float, backend: str, chunk_rows: int,
                                    need_hidden: bool, need_weight: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden, grad_weight); an empty tensor stands for a gradient that is not needed.
-
-    Its arguments are the op's schema, which takes only tensors and scalars (hence flat)."""
+    """(grad_hidden, grad_weight); an empty tensor stands for a gradient that is not needed."""
     gh, gw = chunked.logprobs_backward((grad_logp, grad_entropy), hidden, weight, targets, lse, entropy,
                                        _chunk_loop(temperature, backend, chunk_rows),
                                        chunked.GradRequest(need_hidden, need_weight))
@@ -148,6 +147,7 @@ CUSTOM_OP_IMPLS = {
 """The Python bodies of this package's custom ops (``memtrack`` runs them to see inside)."""
 
 
+# The op's fake takes the op's schema: the same flat arguments.
 @_linear_logprobs_backward_op.register_fake
 def _linear_logprobs_backward_fake(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy,
                                    temperature, backend, chunk_rows, need_hidden, need_weight):

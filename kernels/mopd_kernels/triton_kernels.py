@@ -13,6 +13,9 @@ the only ``[C, V]`` memory.
 - ``_logprobs_bwd_kernel``: from the saved ``lse`` and ``H`` and two scalars per row ``g_logp``,
   ``g_H``, overwrites the row with ``dlogits_j = p_j (-g_logp - g_H (log p_j + H)) + g_logp [j == y]``.
 
+Triton functions take pointers and scalars one by one (no structs), so their argument lists stay
+flat (up to 10).
+
 The policy loss is these two kernels around the token terms of ``terms`` (torch, on ``[C]``
 vectors): the loss formulas live there only, and every objective runs on the GPU as on the CPU.
 

@@ -71,7 +71,7 @@ def _run(args) -> int:
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
     from mopd.eval.ranks import check_rank_continuation, join_ranks, run_ranked_evaluation
-    from mopd.eval.runner import EvalPlan, manifest_fingerprint
+    from mopd.eval.runner import EvalPlan, Rollout, manifest_fingerprint
 
     cfg = resolve(args.preset, args.overrides, args.yaml_file)
     trust_remote_code(cfg.model.trust_remote_code)
@@ -153,7 +153,7 @@ def _run(args) -> int:
     engine = build_engine(cfg.rollout, args.model, dtype=evaluation_dtype(cfg.rollout, cfg.eval))
     tokenizer = getattr(engine, "tokenizer", None) or tokenizer
     try:
-        path = run_ranked_evaluation(ranks, engine, retriever, tokenizer, questions, plan, run_fn=run_workflows,
+        path = run_ranked_evaluation(ranks, Rollout(engine, retriever, tokenizer, run_workflows), questions, plan,
                                      progress=True, log=print)
     except EvalError as e:
         raise UserError(str(e)) from None

@@ -42,7 +42,7 @@ import os
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Sequence
 
 from mopd.core.peers import register_peer
 from mopd.core.records import write_records
@@ -51,7 +51,7 @@ from mopd.eval.loading import RECORDS_FILE
 from mopd.eval.runner import (
     RUN_FILE,
     EvalPlan,
-    RunWorkflows,
+    Rollout,
     _check_settings,
     _write_run_file,
     check_continuation,
@@ -192,8 +192,7 @@ def check_rank_continuation(ranks, plan: EvalPlan) -> None:
         _check_settings(plan.out_dir, plan.fixed_settings())
 
 
-def run_ranked_evaluation(ranks, engine, retriever, tokenizer, questions: Sequence, plan: EvalPlan, *,
-                          run_fn: Optional[RunWorkflows] = None, progress: bool = False,
+def run_ranked_evaluation(ranks, rollout: Rollout, questions: Sequence, plan: EvalPlan, *, progress: bool = False,
                           log: Callable[[str], None] = lambda s: None) -> Path:
     """Evaluate ``questions`` on ``ranks`` (every rank calls it with the same questions and plan)
     and return ``plan.out_dir/records.jsonl``, which holds every question's records once all have
@@ -209,7 +208,8 @@ def run_ranked_evaluation(ranks, engine, retriever, tokenizer, questions: Sequen
         except BaseException:
             release_out_dir(out)
             raise
-        return run_evaluation(engine, retriever, tokenizer, questions, plan, run_fn=run_fn, progress=progress, log=log)
+        return run_evaluation(rollout.engine, rollout.retriever, rollout.tokenizer, questions, plan,
+                              run_fn=rollout.run_fn, progress=progress, log=log)
     tag = f"[rank {ranks.rank} of {ranks.world}]"
     try:
         pending = ranks.broadcast(_start(out, questions, plan, log) if ranks.rank == 0 else None)
@@ -217,9 +217,9 @@ def run_ranked_evaluation(ranks, engine, retriever, tokenizer, questions: Sequen
             raise EvalError(pending)
         share = [questions[i] for i in pending[ranks.rank::ranks.world]]
         log(f"{tag} {len(share)} of the {len(pending)} unfinished questions")
-        run_evaluation(engine, retriever, tokenizer, share,
+        run_evaluation(rollout.engine, rollout.retriever, rollout.tokenizer, share,
                        dataclasses.replace(plan, out_dir=part_dir(out, ranks.rank, ranks.world)),
-                       run_fn=run_fn, progress=progress and ranks.rank == 0, log=lambda s: log(f"{tag} {s}"))
+                       run_fn=rollout.run_fn, progress=progress and ranks.rank == 0, log=lambda s: log(f"{tag} {s}"))
         ranks.barrier()
         outcome = ranks.broadcast(_finish(out, questions, plan, ranks.world, log) if ranks.rank == 0 else None)
         if outcome:

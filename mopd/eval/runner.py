@@ -42,6 +42,17 @@ it is the faster one, else lock-step; the records are the same)."""
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """What runs an evaluation's workflows: the engine, the retriever, the tokenizer, and the
+    scheduler that drives them (``run_fn``, a :data:`RunWorkflows`; None: its default)."""
+
+    engine: object
+    retriever: object
+    tokenizer: object
+    run_fn: Optional[RunWorkflows] = None
+
+
+@dataclass(frozen=True)
 class EvalPlan:
     """One evaluation run: where it goes, what it runs, and how it is stored."""
 

@@ -213,7 +213,7 @@ def _assemble(args) -> int:
 def _serve(args) -> int:
     from mopd.core.errors import UserError
     from mopd.retriever.client import read_token
-    from mopd.retriever.server import PortInUse, ServerLimits, check_port, serve
+    from mopd.retriever.server import Batching, PortInUse, ServerLimits, check_port, serve
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
@@ -236,9 +236,11 @@ def _serve(args) -> int:
     retriever = _run(lambda: _open(args))
     _run(retriever.self_check)                # never serve an index that would answer every request with 500
     try:
-        serve(retriever, args.host, args.port, token=token, limits=limits, max_wait_ms=args.max_wait_ms,
-              max_batch_queries=args.max_batch, batching=not args.no_batching, slice_work=args.slice_work,
-              max_batch_work=max(args.max_batch_work, args.slice_work), return_wait_ms=args.return_wait_ms)
+        batching = Batching(max_wait_ms=args.max_wait_ms, max_batch_queries=args.max_batch,
+                            enabled=not args.no_batching, slice_work=args.slice_work,
+                            max_batch_work=max(args.max_batch_work, args.slice_work),
+                            return_wait_ms=args.return_wait_ms)
+        serve(retriever, args.host, args.port, token=token, limits=limits, batching=batching)
     except OSError as e:                      # taken between the check and the bind
         raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0

@@ -98,6 +98,27 @@ class ServerLimits:
 LIMITS = web.AppKey("limits", ServerLimits)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How the server gathers requests into searches: :class:`MicroBatcher`'s settings, waits in
+    milliseconds (``mopd retriever serve``'s ``--max-wait-ms``, ``--max-batch``, ``--no-batching``,
+    ``--slice-work``, ``--max-batch-work`` and ``--return-wait-ms``; :mod:`mopd.retriever.batcher`
+    says what each does)."""
+
+    max_wait_ms: float = 2.0
+    max_batch_queries: int = 512
+    enabled: bool = True
+    slice_work: int = 1024
+    max_batch_work: int = 4096
+    max_whole_work: int | None = None
+    return_wait_ms: float = 50.0
+
+    def batcher(self, search) -> MicroBatcher:
+        return MicroBatcher(search, self.max_wait_ms / 1000.0, self.max_batch_queries, enabled=self.enabled,
+                            slice_work=self.slice_work, max_batch_work=self.max_batch_work,
+                            max_whole_work=self.max_whole_work, return_wait_s=self.return_wait_ms / 1000.0)
+
+
 class Connections:
     """A server's open connections, oldest first, and those being answered now.
 
@@ -245,17 +266,13 @@ def _answer(retriever, ids, scores, with_scores: bool) -> bytes:
     return json.dumps({"result": result}).encode()
 
 
-def make_app(retriever, limits: ServerLimits | None = None, max_wait_ms: float = 2.0,
-             max_batch_queries: int = 512, batching: bool = True, slice_work: int = 1024,
-             max_batch_work: int = 4096, max_whole_work: int | None = None, return_wait_ms: float = 50.0):
+def make_app(retriever, limits: ServerLimits | None = None, batching: Batching | None = None):
     """The aiohttp application serving ``retriever`` (a :class:`LocalRetriever`)."""
     limits = limits or ServerLimits()
     # A few queries encode faster on one torch thread (mopd.retriever.threads): the batcher's worker
     # is this process's only torch user.
     search = ThreadsBySize(retriever.search_rows)
-    batcher = MicroBatcher(search, max_wait_ms / 1000.0, max_batch_queries, enabled=batching,
-                           slice_work=slice_work, max_batch_work=max_batch_work, max_whole_work=max_whole_work,
-                           return_wait_s=return_wait_ms / 1000.0)
+    batcher = (batching or Batching()).batcher(search)
 
     async def retrieve(request: web.Request):
         try:
@@ -399,7 +416,8 @@ async def start_server(app: web.Application, sock: socket.socket) -> web.AppRunn
 
 def serve(retriever, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, **kwargs) -> None:
     """Serve until interrupted (the CLI's `mopd retriever serve`); prints the address it listens on
-    (the real port for ``port=0``). ``token``: see :func:`require_token`."""
+    (the real port for ``port=0``). ``token``: see :func:`require_token`; ``kwargs``: :func:`make_app`'s
+    ``limits`` and ``batching``."""
     app = make_app(retriever, **kwargs)
     if token is not None:
         require_token(app, token)
@@ -433,7 +451,8 @@ class ServerThread:
     Unlike :func:`serve`, it leaves the garbage collector alone (the process is someone else's):
     a benchmark that stands for ``mopd retriever serve`` calls :func:`freeze_heap` itself.
 
-    ``with ServerThread(retriever) as srv: HttpRetriever(srv.url).search(...)``; port 0 = any free port."""
+    ``with ServerThread(retriever) as srv: HttpRetriever(srv.url).search(...)``; port 0 = any free port;
+    ``kwargs`` as :func:`serve`'s."""
 
     def __init__(self, retriever, host: str = "127.0.0.1", port: int = 0, token: str | None = None, **kwargs):
         self.retriever, self.host, self.port, self.kwargs, self.token = retriever, host, port, kwargs, token

@@ -150,6 +150,7 @@ def padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
     return o.transpose(1, 2)[layout.rows, layout.cols]
 
 
+# It stands in for torch's varlen_attn, so it takes varlen_attn's 10 arguments as they are.
 def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
                           window_size=(-1, -1), enable_gqa=False, **_):
     """A pure-torch ``varlen_attn`` (same signature, same [T, H, D] layout) for CPU tests and the

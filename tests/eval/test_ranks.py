@@ -17,7 +17,7 @@ from mopd.core.qa import QAExample, write_questions
 from mopd.core.records import read_records, write_records
 from mopd.eval.alignment import EvalError
 from mopd.eval.ranks import OneRank, fold_parts, part_dir, part_dirs, run_ranked_evaluation
-from mopd.eval.runner import EvalPlan, run_evaluation
+from mopd.eval.runner import EvalPlan, Rollout, run_evaluation
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.sampling import derive_seed
 from tests.helpers.eval_records import make_record
@@ -112,7 +112,7 @@ def _on_ranks(world, out, questions, rollout, plan=None):
 
     def one(ranks):
         try:
-            run_ranked_evaluation(ranks, None, None, None, questions, plan, run_fn=rollout)
+            run_ranked_evaluation(ranks, Rollout(None, None, None, rollout), questions, plan)
         except EvalError as e:       # rank 0's outcome, which every rank ends with
             errors[ranks.rank] = e
         except BaseException as e:   # a killed rank: the others' meetings fail, as torchrun stops them
@@ -198,7 +198,7 @@ def test_a_one_process_run_takes_over_a_killed_multi_rank_one(tmp_path):
     saved = {r.question_id for p in part_dirs(out) for r in read_records(p / "records.jsonl")}
     assert saved == {"q0", "q2", "q1", "q3"}
     rollout = SeededRollout()
-    run_ranked_evaluation(OneRank(), None, None, None, qs, _plan(out), run_fn=rollout)
+    run_ranked_evaluation(OneRank(), Rollout(None, None, None, rollout), qs, _plan(out))
     assert rollout.ids == ["q4", "q5"] and not (out / "ranks").exists()
     assert len(_by_key(out / "records.jsonl")) == 18
     assert json.loads((out / "run.json").read_text())["ranks"] == 1

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 from mopd.retriever import open_retriever
-from mopd.retriever.server import ServerThread
+from mopd.retriever.server import Batching, ServerThread
 
 
 def _index(tmp_path):
@@ -34,7 +34,8 @@ def _hang_up_mid_body(url: str) -> None:
 
 def test_a_client_hang_up_is_one_log_line_and_the_server_stays_up(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("MOPD_CACHE", str(tmp_path / "cache"))
-    with caplog.at_level(logging.DEBUG), ServerThread(open_retriever(_index(tmp_path)), max_wait_ms=5) as srv:
+    with caplog.at_level(logging.DEBUG), \
+            ServerThread(open_retriever(_index(tmp_path)), batching=Batching(max_wait_ms=5)) as srv:
         _hang_up_mid_body(srv.url)
         time.sleep(0.5)
         req = urllib.request.Request(srv.url + "/retrieve", data=json.dumps({"queries": ["band 4 formed"]}).encode(),

@@ -10,7 +10,7 @@ import pytest
 from mopd.retriever import HttpRetriever, RetrieverUnavailable, open_retriever
 from mopd.retriever.batcher import MicroBatcher
 from mopd.retriever.client import RetrieverRequestError
-from mopd.retriever.server import ServerLimits, ServerThread
+from mopd.retriever.server import Batching, ServerLimits, ServerThread
 
 
 def _post(url, body: bytes):
@@ -31,7 +31,7 @@ def flat_retriever(built):
 def server(flat_retriever):
     limits = ServerLimits(max_topk=50, max_queries=64, max_results=400, max_query_chars=1000,
                           max_body_bytes=64 << 10)
-    with ServerThread(flat_retriever, limits=limits, max_wait_ms=20) as srv:
+    with ServerThread(flat_retriever, limits=limits, batching=Batching(max_wait_ms=20)) as srv:
         yield srv
 
 
@@ -168,7 +168,7 @@ def test_server_errors_are_retried_then_succeed(built):
 
 
 def test_no_batching_mode_serves_too(built):
-    with ServerThread(open_retriever(built("bm25")), batching=False) as srv:
+    with ServerThread(open_retriever(built("bm25")), batching=Batching(enabled=False)) as srv:
         c = HttpRetriever(srv.url, retries=0)
         assert len(c.search(["a", "b"], 2)) == 2
         assert c.health()["batching"] is False
