@@ -125,7 +125,7 @@ def _register_demo_docs(sub) -> None:
     pub.add_argument("dest", help="docs folder, e.g. docs/demo or docs/demo_seeds (replaced)")
     pub.set_defaults(func=_docs_publish)
     rd = dsub.add_parser("readme", help="render docs/demo.md's tables from the reports under docs/")
-    rd.add_argument("--page", "--readme", dest="readme", default="docs/demo.md", help="the page with the markers")
+    rd.add_argument("--page", "--readme", dest="readme", metavar="PAGE", default="docs/demo.md", help="the page with the markers")
     rd.add_argument("--docs", default="docs")
     rd.add_argument("--check", action="store_true", help="only compare: exit 1 when the page is out of date")
     rd.set_defaults(func=_docs_readme)

@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mopd.recipes.tiny_world.tables", description=__doc__.split("\n\n")[0])
-    p.add_argument("--page", "--readme", dest="readme", default=PAGE, help="the page with the markers")
+    p.add_argument("--page", "--readme", dest="readme", metavar="PAGE", default=PAGE, help="the page with the markers")
     p.add_argument("--docs", default="docs")
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
