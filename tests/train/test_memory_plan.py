@@ -110,8 +110,9 @@ def test_frozen_models_are_replicated_when_they_fit_and_sharded_otherwise():
 
 
 def test_a_retriever_served_on_the_same_gpus_is_planned_in_both_phases():
-    """The README serves faiss-gpu beside the trainer: its memory is resident in both phases, so with
-    it the teacher no longer fits replicated beside vLLM's share, and a large one does not fit at all."""
+    """The GPU guide (docs/gpu_training.md) serves faiss-gpu beside the trainer: its memory is resident in
+    both phases, so with it the teacher no longer fits replicated beside vLLM's share, and a large one does
+    not fit at all."""
     cfg = resolve("mopd", [f"model.path={QWEN}"])
     bare = plan_memory(cfg, gpu_gib=H200_GIB, world=8)
     served = plan_memory(cfg, gpu_gib=H200_GIB, world=8, retriever_gib=6.0)

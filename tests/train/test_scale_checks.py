@@ -21,7 +21,7 @@ from mopd.train.sampler import QuestionSampler
 def test_the_papers_32_questions_deal_evenly_on_8_16_and_32_ranks(world):
     assert deal_problem(32, world) == (None, None)
     shares = [len(QuestionSampler(1000, 32, 0, rank=r, world=world).next_indices()) for r in range(world)]
-    assert shares == [32 // world] * world        # the README's 4, 2 and 1 questions per rank per step
+    assert shares == [32 // world] * world        # docs/gpu_training.md's 4, 2 and 1 questions per rank per step
 
 
 def test_more_ranks_than_questions_are_refused_and_an_uneven_deal_is_said():
