@@ -24,7 +24,7 @@ import torch
 from mopd_kernels.aggregation import Aggregation, token_weights
 from mopd_kernels.inputs import LossInputs
 from mopd_kernels.ops import fused_linear_policy_loss
-from mopd_kernels.settings import PolicyLossSettings
+from mopd_kernels.settings import PolicyLossSettings, require_settings
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,8 +95,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     def __init__(self, settings: PolicyLossSettings, aggregation: Union[Aggregation, str] = "grpo",
                  entropy_aggregation: Optional[Aggregation] = None):
         super().__init__()
-        if not isinstance(settings, PolicyLossSettings):
-            raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
+        require_settings(settings)
         if settings.n_roles != 1:
             raise ValueError(f"FusedLinearGRPOLoss trains one policy: settings has {settings.n_roles} role specs")
         self.settings = settings

@@ -26,7 +26,7 @@ import torch
 from mopd_kernels import chunked, reference
 from mopd_kernels.inputs import LossInputs
 from mopd_kernels.roles import check_backend, check_linear_inputs, check_loss_inputs, check_temperature
-from mopd_kernels.settings import PolicyLossSettings
+from mopd_kernels.settings import PolicyLossSettings, require_settings
 from mopd_kernels.terms import role_stats, token_terms
 
 Stats = Dict[int, Dict[str, torch.Tensor]]
@@ -258,8 +258,7 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
     accumulation steps. Gradients flow to ``hidden`` and ``weight`` only. ``stats[r]`` holds 0-d
     fp32 tensors (no host sync) for every role ``r``, named by ``terms.STAT_NAMES``.
     """
-    if not isinstance(settings, PolicyLossSettings):
-        raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
+    require_settings(settings)
     if not isinstance(inputs, LossInputs):
         raise ValueError(f"inputs must be a LossInputs, got {type(inputs).__name__}")
     hidden, weight = matmul_inputs(hidden, weight, settings.matmul_dtype)
@@ -325,9 +324,7 @@ class FusedLinearPolicyLoss(torch.nn.Module):
 
     def __init__(self, settings: PolicyLossSettings):
         super().__init__()
-        if not isinstance(settings, PolicyLossSettings):
-            raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
-        self.settings = settings
+        self.settings = require_settings(settings)
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inputs: LossInputs,
                 normalizer: Union[int, float, torch.Tensor, None] = None) -> Tuple[torch.Tensor, Stats]:

@@ -121,3 +121,10 @@ class PolicyLossSettings:
     def role_table(self, device: torch.device) -> torch.Tensor:
         """The role specs as the kernels' ``[R, ROLE_FIELDS]`` float32 table on ``device`` (cached)."""
         return roles.role_table(self.role_specs, device)
+
+
+def require_settings(settings) -> PolicyLossSettings:
+    """``settings``, or ValueError when it is not a :class:`PolicyLossSettings` (the loss's entry points)."""
+    if not isinstance(settings, PolicyLossSettings):
+        raise ValueError(f"settings must be a PolicyLossSettings, got {type(settings).__name__}")
+    return settings

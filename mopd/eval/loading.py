@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from mopd.core.records import (
-    SCHEMA_VERSION,
     AgentCall,
     Event,
     Passage,
@@ -80,12 +79,9 @@ def _call(c: dict, where: str) -> AgentCall:
 
 
 def eval_record(d: dict, where: str) -> WorkflowRecord:
-    """A WorkflowRecord with what evaluation reads (calls without segments)."""
-    if not isinstance(d, dict):
-        raise RecordError(f"{where}: expected an object, got {type(d).__name__}")
-    if d.get("schema_version") != SCHEMA_VERSION:
-        raise RecordError(f"{where}: schema_version {d.get('schema_version')!r} is not supported "
-                          f"(this is {SCHEMA_VERSION})")
+    """A WorkflowRecord with what evaluation reads (calls without segments), from a row of
+    :func:`mopd.core.records.iter_record_dicts` (which checked that it is an object of this schema
+    version)."""
     answers = list(_get(d, "answers", list, where))
     candidates = list(_get(d, "candidates", list, where, default=[]))
     if not all(isinstance(a, str) for a in answers):

@@ -22,7 +22,6 @@ other workflows (and their retrieval) while the engine computes.
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from typing import Callable, List, Optional, Protocol, Tuple
@@ -75,9 +74,7 @@ class BatchingFront(WorkQueue):
         self.others, self.gather_s = others, gather_s
         self.meter = BusyMeter()
         WorkQueue.__init__(self, "request")
-        self._on_worker = cuda_device_keeper()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.start_workers(name, on_worker=cuda_device_keeper())
 
     def _take(self) -> Optional[List[Tuple[GenerationRequest, Future, float]]]:
         """The next batch (oldest first, cut at max_batch_calls rows; one oversized request goes
@@ -105,7 +102,6 @@ class BatchingFront(WorkQueue):
         return GATHER_SHARE * m.busy_s / m.units if m.units else GATHER_FIRST_S
 
     def _loop(self) -> None:
-        self._on_worker()
         while True:
             batch = self._take()
             if batch is None:
@@ -125,11 +121,6 @@ class BatchingFront(WorkQueue):
             for (_, fut, submitted), out in zip(batch, outputs):
                 self.meter.wait(end - submitted)
                 fut.set_result(out)
-
-    def close(self) -> None:
-        """Fail what is still pending, let the batch in progress finish, and join the worker."""
-        self.close_pending()
-        self._thread.join()
 
 
 def engine_front(engine, *, max_batch_calls: int = 256, others: Callable[[], int] = lambda: 0) -> EngineFront:

@@ -40,10 +40,7 @@ class RetrievalFront(WorkQueue):
         self.timeout_s, self.name, self.fatal = timeout_s, name, tuple(fatal)
         self.meter = BusyMeter()
         WorkQueue.__init__(self, "search")
-        self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self.start_workers(name, workers)
 
     def submit(self, query: str) -> Future:
         """A future of the query's passages (best first)."""
@@ -113,12 +110,6 @@ class RetrievalFront(WorkQueue):
             raise RuntimeError(f"retriever returned {len(results)} results for {len(queries)} queries")
         return results
 
-    def close(self) -> None:
-        """Fail what is pending and join the workers (a search in progress finishes or times out
-        first; a timed-out call is left behind on its daemon thread)."""
-        self.close_pending()
-        for t in self._threads:
-            t.join()
 
 
 SOLO_CHUNK = 32

@@ -22,7 +22,6 @@ or what it shares a step with, up to float rounding of batched matmuls.
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -98,9 +97,7 @@ class HFStepFront(WorkQueue):
         self.meter = BusyMeter()
         WorkQueue.__init__(self, "request")
         self._held = 0
-        self._on_worker = cuda_device_keeper()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.start_workers(name, on_worker=cuda_device_keeper())
 
     def submit(self, request: GenerationRequest) -> Future:
         if not request.prompt_ids:
@@ -128,7 +125,6 @@ class HFStepFront(WorkQueue):
                     for r, fut, t in self.take_fitting(self.max_rows, request_rows, used=running)]
 
     def _loop(self) -> None:
-        self._on_worker()
         batch: Optional[_Batch] = None
         with self.engine._eval_mode():
             while True:
@@ -252,7 +248,3 @@ class HFStepFront(WorkQueue):
         b.pos = b.pos + 1
         self._sample(b, logits)
         return b
-
-    def close(self) -> None:
-        self.close_pending()
-        self._thread.join()

@@ -27,7 +27,6 @@ vLLM is imported by the ``VLLMEngine`` that is wrapped, never here.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from concurrent.futures import Future
 from typing import Dict, Tuple
@@ -83,9 +82,7 @@ class VLLMStepFront(WorkQueue):
         self._running: Dict[str, Tuple[Future, float, int]] = {}
         WorkQueue.__init__(self, "request")
         on_device, on_threads = cuda_device_keeper(), cpu_threads_keeper()
-        self._on_worker = lambda: (on_device(), on_threads())
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.start_workers(name, on_worker=lambda: (on_device(), on_threads()))
 
     def _add(self, request: GenerationRequest) -> str:
         params = self.engine._params(request.params)
@@ -117,7 +114,6 @@ class VLLMStepFront(WorkQueue):
         return True
 
     def _loop(self) -> None:
-        self._on_worker()
         engine = self.llm.llm_engine
         try:
             while self._admit():
@@ -157,7 +153,3 @@ class VLLMStepFront(WorkQueue):
                 self.llm.llm_engine.abort_request(ids)
             finally:
                 self._fail_running(FrontClosed("the rollout ended before this request finished"))
-
-    def close(self) -> None:
-        self.close_pending()
-        self._thread.join()

@@ -3,8 +3,9 @@
 The asynchronous fronts (engine batching, vLLM steps, retrieval) all take work the same way: the
 event loop calls :meth:`WorkQueue.submit` and awaits the returned future; the front's worker
 thread takes items under the queue's condition variable; :meth:`WorkQueue.close_pending` marks
-the queue closed, wakes every waiter and fails what never started. What a worker does with the
-items (batch by rows, step an engine, search) is the front's own.
+the queue closed, wakes every waiter and fails what never started. :meth:`WorkQueue.start_workers`
+runs the front's ``_loop`` on its worker threads and :meth:`WorkQueue.close` ends them. What a
+worker does with the items (batch by rows, step an engine, search) is the front's own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,25 @@ class WorkQueue:
         self._pending: Deque[Tuple[object, Future, float]] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._threads: List[threading.Thread] = []
+
+    def start_workers(self, name: str, count: int = 1, on_worker: Callable[[], object] = lambda: None) -> None:
+        """Run the front's ``_loop`` on ``count`` daemon threads (``name``, or ``name-i`` for several),
+        each after ``on_worker()`` (e.g. binding the CUDA device the front was made on)."""
+        def work() -> None:
+            on_worker()
+            self._loop()
+
+        self._threads = [threading.Thread(target=work, name=name if count == 1 else f"{name}-{i}", daemon=True)
+                         for i in range(count)]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        """Fail what is still pending, let the work in progress finish, and join the workers."""
+        self.close_pending()
+        for t in self._threads:
+            t.join()
 
     def submit(self, item) -> Future:
         """Queue ``item``; the future gets the worker's result (or its exception)."""

@@ -71,7 +71,7 @@ def test_batching_front_errors_reach_only_their_batch_and_close_fails_the_rest()
     front.close()
     with pytest.raises(FrontClosed):
         front.submit(req(3))
-    assert not front._thread.is_alive()
+    assert not any(t.is_alive() for t in front._threads)
 
 
 def test_batching_front_waits_for_runs_about_to_submit_but_not_forever():
