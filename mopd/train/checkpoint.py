@@ -255,13 +255,18 @@ def run_base_model_weights(run_dir: str | os.PathLike) -> str | None:
         return None
 
 
+def _require_verified(path: Path) -> None:
+    """CheckpointError unless the checkpoint at ``path`` verifies on every rank."""
+    reason = verify_on_all_ranks(path)
+    if reason is not None:
+        raise CheckpointError(f"{path} cannot be used: {reason}")
+
+
 def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = True) -> dict:
     """Restore model, optimizer and this rank's RNG; returns the trainer state (step, data, ...)."""
     path = Path(path)
     if verify:
-        reason = verify_on_all_ranks(path)
-        if reason is not None:
-            raise CheckpointError(f"{path} cannot be used: {reason}")
+        _require_verified(path)
     state_file = path / "trainer_state.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no trainer_state.json)")
@@ -283,9 +288,7 @@ def load_model_weights(path: str | os.PathLike, model) -> None:
     """Load only the model weights of the checkpoint at ``path`` (verified) into ``model``, sharded
     or not; every rank calls it (how a trainer exports its best-validation checkpoint)."""
     path = Path(path)
-    reason = verify_on_all_ranks(path)
-    if reason is not None:
-        raise CheckpointError(f"{path} cannot be used: {reason}")
+    _require_verified(path)
     state = {"model": get_model_state_dict(model)}
     try:
         dcp_load(state, path)
