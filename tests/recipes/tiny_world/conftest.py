@@ -25,7 +25,7 @@ def retriever(world):
     return CachedRetriever(open_retriever(world.index))
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def one_torch_thread():
     """Tiny models on a shared 2-core box: with two threads every small op waits for a
     descheduled thread (tens of times slower); one thread is fast and steady."""

@@ -178,7 +178,7 @@ def test_seed_summary_of_the_committed_older_seed_reports(tmp_path):
 
     from mopd.recipes.tiny_world.report import write_seed_summary
 
-    docs = Path(__file__).resolve().parents[1] / "docs" / "demo_seeds_chain_world"
+    docs = Path(__file__).resolve().parents[3] / "docs" / "demo_seeds_chain_world"
     for n in (1, 2):
         (tmp_path / f"seed{n}" / "report").mkdir(parents=True)
         for name in ("claims.json", "metrics.json"):

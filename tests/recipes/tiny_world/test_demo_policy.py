@@ -16,6 +16,8 @@ from mopd.rollout import prompts
 from mopd.rollout.chat import continuation_ids
 from mopd.rollout.scheduler import run_workflows
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tiny models: one thread is fast and steady
+
 PERFECT = DemoStyle(good_query=1.0, right_copy=1.0, right_pick=1.0, search_first=1.0, good_subtask=1.0,
                     split_pair=1.0, both_facts=1.0)
 CARELESS = DemoStyle(good_query=0.0, right_copy=0.0, right_pick=0.0, search_first=0.0, good_subtask=0.0,

@@ -18,6 +18,8 @@ from mopd.recipes.tiny_world.world import (
 from mopd.recipes.tiny_world.world_kb import WorldSizes, generate_kb
 from mopd.recipes.tiny_world.world_text import CHAIN_DATASETS, DATASETS, ONE_HOP, TWO_HOP
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tiny models: one thread is fast and steady
+
 SMALL = dict(bands=30, companies=8, towns=12, rivers=4, twins=4, distractors=40, test_per_dataset=6,
              dev_per_dataset=3, index_kind="bm25")
 
@@ -80,7 +82,7 @@ def test_every_answer_is_in_its_gold_passages(world):
         for q in load_split(world, split):
             m = meta[q.question]
             gold = [corpus[g] for g in m["gold"]]
-            if q.dataset not in CHAIN_DATASETS:  # pair questions: tests/data/test_pair_questions.py
+            if q.dataset not in CHAIN_DATASETS:  # pair questions: tests/recipes/tiny_world/test_pair_questions.py
                 continue
             assert m["subject"] in q.question and m["subject"] in gold[0]
             assert m["town"] in words(gold[0])  # the subject's passage names its town

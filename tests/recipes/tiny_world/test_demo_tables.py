@@ -9,7 +9,7 @@ import pytest
 
 from mopd.recipes.tiny_world.tables import main_table_rows, publish, readme_blocks, render_blocks, update_readme
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "demo.md"
 NUM = r"([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\]"
 

@@ -6,6 +6,8 @@ from mopd.recipes.tiny_world.policy_check import WeakPi0, assess_pi0
 from mopd.recipes.tiny_world.world import QUICK_WORLD, WorldSettings, parse_world_settings
 from mopd.recipes.tiny_world.warmstart import parse_pi0_settings
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tiny models: one thread is fast and steady
+
 
 def _wf(em, valid):
     return {"em": em, "answer_valid": valid, "invalid_calls": 0.0, "searches": 1.0}

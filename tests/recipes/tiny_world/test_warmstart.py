@@ -11,6 +11,8 @@ from mopd.data.sft import SFTSettings, micro_batches, sft_loss_sum, shared_prefi
 from mopd.recipes.tiny_world.world import load_split
 from mopd.recipes.tiny_world.warmstart import build_pi0, make_demonstrations, read_pi0
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tiny models: one thread is fast and steady
+
 TINY = dict(hidden=32, layers=1, heads=2, ffn=64, vocab_size=1200)
 
 
