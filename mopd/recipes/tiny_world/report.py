@@ -1,5 +1,5 @@
 """The demo's report: the claims it checks (paired bootstrap differences), the pi_0 check's table,
-and the multi-seed summary with its tables (rendered into README.md by ``mopd demo-docs``).
+and the multi-seed summary with its tables (rendered into docs/demo.md by ``mopd demo-docs``).
 
 The pipeline that produces what these read is :mod:`mopd.recipes.tiny_world.demo`.
 """
@@ -88,7 +88,7 @@ CLAIMS = [
     Claim("ablation", "against OPD from the base model pi_0 (read at its last step)", "MultiAgent-OPD",
           "Base teacher"),
 ]
-"""The claims, in the order the report, claims.json and the README list them; a claim whose two
+"""The claims, in the order the report, claims.json and docs/demo.md list them; a claim whose two
 systems are not both among the evaluated runs is left out."""
 
 VERDICT_TEXT = {"above": "above 0", "below": "below 0", "indistinguishable": "not distinguishable from 0"}
@@ -249,7 +249,7 @@ SHORT_VERDICT = {"below": " (below 0)", "indistinguishable": " (not distinguisha
 
 def seed_summary_markdown(summary: dict) -> str:
     """The multi-seed tables: per seed, per claim pooled, and per claim and question type pooled
-    (all three rendered into README.md)."""
+    (all three rendered into docs/demo.md)."""
     lines = [f"# MultiAgent-OPD on the tiny world: {len(summary['seeds'])} seeds ({summary['split']} split)", "",
              seed_table(summary), "", pooled_table(summary), ""]
     lines += per_dataset_section(summary)
