@@ -1,0 +1,103 @@
+"""A name -> object table that the modules implementing the objects fill in (torchtitan's and verl's
+registries): presets, pipelines, engines, rewards, workflow state machines.
+
+A registry is declared once, low in the layers (where the config can read its names); each entry
+registers itself where it is implemented, with :meth:`Registry.register` as a decorator::
+
+    ENGINES = Registry("engine")
+
+    @ENGINES.register("hf")          # an explicit name
+    def build_hf(...): ...
+
+    @PRESETS.register                # the function's own name
+    def mopd() -> Config: ...
+
+It reads as a read-only mapping (``name in r``, ``r[name]``, ``r.items()``, ``sorted(r)``), and
+:meth:`Registry.lookup` is the lookup that fails in one line naming the valid choices.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Callable, Dict, Generic, Iterator, Optional, Tuple, Type, TypeVar, Union
+
+T = TypeVar("T")
+
+
+class Registry(Mapping, Generic[T]):
+    """Objects by name. ``kind`` names an entry in errors (``unknown engine 'x'``); ``error`` is the
+    exception :meth:`lookup` raises (a ValueError subclass: the config passes its ConfigError);
+    ``on_missing``, when set, is called once by :meth:`lookup` before it refuses a name (a hook that
+    imports more modules, whose entries then register themselves)."""
+
+    def __init__(self, kind: str, plural: str = "", error: Type[ValueError] = ValueError,
+                 on_missing: Optional[Callable[[], object]] = None):
+        self.kind = kind
+        self.plural = plural or f"{kind}s"
+        self.error = error
+        self.on_missing = on_missing
+        self._entries: Dict[str, T] = {}
+
+    def register(self, name: Union[str, T], obj: Optional[T] = None):
+        """``register("name")`` or ``register("name", obj)``: the decorator, or the call, that adds
+        ``obj`` under ``name``; ``register(fn)`` adds ``fn`` under its own ``__name__``. Adding the
+        same object again (or a reloaded copy of it) is a no-op; another object under a taken name
+        is refused."""
+        if not isinstance(name, str):
+            return self.register(name.__name__, name)
+        if obj is None:
+            return lambda o: self.register(name, o)
+        if not name or not name.isidentifier():
+            raise ValueError(f"{self.kind} name {name!r} must be an identifier")
+        old = self._entries.get(name)
+        if old is not None and not _same(old, obj):
+            raise ValueError(f"a different {self.kind} named {name!r} is already registered ({_qualname(old)})")
+        self._entries[name] = obj
+        return obj
+
+    def unregister(self, name: str) -> None:
+        """Take ``name`` out again (tests that add an entry of their own)."""
+        self._entries.pop(name, None)
+
+    def names(self) -> Tuple[str, ...]:
+        """The registered names, in registration order."""
+        return tuple(self._entries)
+
+    def lookup(self, name: str) -> T:
+        """The entry called ``name``; a one-line ``error`` naming the close match and every valid
+        name when there is none."""
+        if name not in self._entries and self.on_missing is not None:
+            self.on_missing()
+        if name not in self._entries:
+            close = difflib.get_close_matches(str(name), self._entries, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise self.error(f"unknown {self.kind} {name!r}{hint}; {self.plural}: {sorted(self._entries)}")
+        return self._entries[name]
+
+    def __getitem__(self, name: str) -> T:
+        return self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {list(self._entries)})"
+
+
+def _qualname(obj) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _same(old, new) -> bool:
+    """``new`` is ``old``, equal to it, or the same named function or class of a module imported again."""
+    if old is new or old == new:
+        return True
+    named = hasattr(old, "__qualname__") and hasattr(new, "__qualname__") and "<" not in old.__qualname__
+    return named and _qualname(old) == _qualname(new)
