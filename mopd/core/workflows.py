@@ -1,9 +1,10 @@
 """The workflows a team can run: one table from which the config, the command line and the
 method summary read the workflow names, the roles each one runs and its step limit.
 
-The state machine that runs each workflow is in :mod:`mopd.rollout` (``scheduler.WORKFLOWS``, one
-class per entry here; a test checks the two agree). Adding a workflow (docs/architecture.md): an
-entry here (:func:`add_workflow`), its state machine, and that machine's line in ``WORKFLOWS``.
+The state machine that runs each workflow is in :mod:`mopd.rollout`, registered against its entry
+here where it is written (``@register_state_machine("cmas")``, ``mopd.rollout.run_state``; a test
+checks every entry has one). Adding a workflow (docs/architecture.md): an entry here
+(:func:`add_workflow`) and its state machine with that decorator.
 """
 
 from __future__ import annotations

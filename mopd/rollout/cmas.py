@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import List
 
 from mopd.rollout.agents import AnswerRequest, Searcher
-from mopd.rollout.run_state import RunContext, SearchNeed, Turn
+from mopd.rollout.run_state import RunContext, SearchNeed, Turn, register_state_machine
 
 MIN_STEPS = 2
 
 
+@register_state_machine("cmas")
 class CMASRun:
-    workflow = "cmas"
-
     def __init__(self, ctx: RunContext):
         if ctx.settings.max_steps < MIN_STEPS:
             raise ValueError(f"cmas needs max_steps >= {MIN_STEPS} (one Searcher step and the Answerer's)")

@@ -22,14 +22,13 @@ from typing import List, Optional
 
 from mopd.rollout.agents import AnswerRequest, Leader, Searcher
 from mopd.rollout.lanes import Lane, merge_events
-from mopd.rollout.run_state import RunContext, SearchNeed, Turn
+from mopd.rollout.run_state import RunContext, SearchNeed, Turn, register_state_machine
 
 MIN_STEPS = 2
 
 
+@register_state_machine("hmas")
 class HMASRun:
-    workflow = "hmas"
-
     def __init__(self, ctx: RunContext):
         if ctx.settings.max_steps < MIN_STEPS:
             raise ValueError(f"hmas needs max_steps >= {MIN_STEPS} (a Leader step and the Answerer's)")

@@ -16,11 +16,25 @@ from typing import TYPE_CHECKING, Callable, List, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 from mopd.core.records import Event, Passage, WorkflowRecord
+from mopd.core.registry import Registry
 from mopd.core.roles import role as role_spec
+from mopd.core.workflows import workflow_names
 from mopd.rollout.sampling import derive_seed
 
 if TYPE_CHECKING:
     from mopd.rollout.transcript import Transcript
+
+STATE_MACHINES: Registry = Registry("workflow")
+"""The state machine of each workflow of the table (:mod:`mopd.core.workflows`), by its name: a class
+taking a :class:`RunContext`, registered where it is written with :func:`register_state_machine`."""
+
+
+def register_state_machine(name: str):
+    """Class decorator: the class runs the workflow ``name``, which must be in the workflow table (its
+    roles and step limit are declared there, where the config reads them)."""
+    if name not in workflow_names():
+        raise ValueError(f"no workflow {name!r} in the workflow table {list(workflow_names())}: add_workflow it first")
+    return STATE_MACHINES.register(name)
 
 
 @dataclass(frozen=True)

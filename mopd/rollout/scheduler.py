@@ -15,25 +15,19 @@ from collections import Counter
 from typing import List, Optional, Sequence
 
 from mopd.core.records import WorkflowRecord
-from mopd.rollout.cmas import CMASRun
-from mopd.rollout.hmas import HMASRun
-from mopd.rollout.run_state import RunContext, WorkflowSettings
-
-WORKFLOWS = {"cmas": CMASRun, "hmas": HMASRun}
-"""The state machine of each entry of the workflow table (``mopd.core.workflows``; a test checks
-that every entry has one)."""
+from mopd.rollout import cmas, hmas  # noqa: F401  (their state machines register themselves)
+from mopd.rollout.run_state import STATE_MACHINES, RunContext, WorkflowSettings
 
 
 def new_run(workflow: str, example, attempt: int, tokenizer, settings: WorkflowSettings, method: str = "",
             copy: int = 0):
     """``copy``: how many earlier copies of this question the same batch holds (its group id and,
     when above 0, its sampling seeds tell it apart from them)."""
-    if workflow not in WORKFLOWS:
-        raise ValueError(f"unknown workflow {workflow!r}; choose one of {sorted(WORKFLOWS)}")
+    state_machine = STATE_MACHINES.lookup(workflow)
     record = WorkflowRecord(question_id=example.id, dataset=example.dataset, question=example.question,
                             answers=list(example.answers), attempt=attempt, method=method, workflow=workflow,
                             group_id=f"{example.dataset}/{example.id}#{copy}")
-    return WORKFLOWS[workflow](RunContext(record, tokenizer, settings, copy=copy))
+    return state_machine(RunContext(record, tokenizer, settings, copy=copy))
 
 
 def new_runs(questions, attempts: int, tokenizer, settings: WorkflowSettings, method: str = "") -> List:

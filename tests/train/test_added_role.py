@@ -13,7 +13,7 @@ from mopd.core.records import AgentCall
 from mopd.core.roles import Role, add_role, remove_role, role_id, role_names
 from mopd.core.scoring import extract_answer
 from mopd.rollout.chat import render_ids
-from mopd.rollout.run_state import RunContext, Turn
+from mopd.rollout.run_state import STATE_MACHINES, RunContext, Turn, register_state_machine
 from mopd.rollout import scheduler
 from mopd.rollout.scripted_engine import ScriptedEngine
 from mopd.rollout.transcript import Transcript
@@ -65,8 +65,6 @@ class Checker:
 class CheckRun:
     """One step: the Checker answers; nothing else."""
 
-    workflow = "check"
-
     def __init__(self, ctx: RunContext):
         self.ctx, self.checker, self.done = ctx, Checker(ctx, ctx.settings.answer_candidates), False
 
@@ -97,11 +95,12 @@ def check_rollout(engine, retriever, tokenizer, questions, settings, *, attempts
 
 
 @pytest.fixture
-def checker_role(monkeypatch):
+def checker_role():
     add_role(CHECKER)
     add_workflow(CHECK)
-    monkeypatch.setitem(scheduler.WORKFLOWS, "check", CheckRun)
+    register_state_machine("check")(CheckRun)   # as ``@register_state_machine("check")`` on the class
     yield CHECKER
+    STATE_MACHINES.unregister("check")
     remove_workflow(CHECK.name)
     remove_role(CHECKER.name)
 
@@ -144,7 +143,9 @@ def test_the_table_refuses_clashing_roles(checker_role):
 def test_every_workflow_of_the_table_has_a_state_machine():
     from mopd.core.workflows import workflow_names
 
-    assert sorted(scheduler.WORKFLOWS) == sorted(workflow_names())
+    assert sorted(STATE_MACHINES) == sorted(workflow_names())
+    with pytest.raises(ValueError, match="no workflow 'ghost' in the workflow table"):
+        register_state_machine("ghost")
 
 
 def test_the_workflow_table_refuses_bad_entries(checker_role):
