@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from mopd.config import RewardConfig
+from mopd.config import REWARDS, RewardConfig, register_reward
 from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.core.roles import role as role_of
 from mopd.core.roles import role_names
@@ -84,16 +84,24 @@ def answerer_invalid(call: AgentCall) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# One small reward per concept; the config names one per role (``reward.roles``, ``REWARDS``).
+# One small reward per concept, each registered under the name the config gives it
+# (``reward.roles.<role>=NAME``; ``mopd.config.REWARDS``). Adding a reward: a class like these (a
+# ``__call__``, and ``from_config`` when it takes coefficients) with ``@register_reward("NAME")``.
 # --------------------------------------------------------------------------------------------
 
 
+@register_reward("team")
 @dataclass(frozen=True)
 class Team:
     """R_EM for every call of the role (the Leader's ``team``, the Searcher's outcome ablation)."""
 
     per_call = False
     needs_judge = False
+
+    @classmethod
+    def from_config(cls, cfg: RewardConfig) -> "Team":
+        """The reward with ``cfg``'s coefficients (this one has none)."""
+        return cls()
 
     def __call__(self, record: WorkflowRecord, calls: Sequence[AgentCall], r_em: float,
                  judge: Optional[Dict[str, float]]) -> Dict[str, float]:
@@ -103,17 +111,23 @@ class Team:
         return call.invalid
 
 
+@register_reward("team_bonus")
 @dataclass(frozen=True)
 class TeamBonus(Team):
     """R_EM + coef * b_S, b_S over the role's reporting calls together (Stage I's Searcher)."""
 
     coef: float = 0.2
 
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(cfg.bonus_coef)
+
     def __call__(self, record, calls, r_em, judge):
         r = r_em + self.coef * behaviour_bonus(record)
         return {c.call_id: r for c in calls}
 
 
+@register_reward("team_assign")
 @dataclass(frozen=True)
 class TeamAssign(Team):
     """R_EM + coef * R_assign, R_assign = min(C_tool, cap) / cap (the Leader in Stage II)."""
@@ -121,11 +135,16 @@ class TeamAssign(Team):
     coef: float = 0.2
     cap: int = 6
 
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(cfg.assign_coef, cfg.assign_cap)
+
     def __call__(self, record, calls, r_em, judge):
         r = r_em + self.coef * assignment_reward(search_steps(record), self.cap)
         return {c.call_id: r for c in calls}
 
 
+@register_reward("candidate_em")
 @dataclass(frozen=True)
 class CandidateEM(Team):
     """c_j: each call's own answer EM (Answerer candidates); a call without a complete
@@ -140,6 +159,7 @@ class CandidateEM(Team):
         return answerer_invalid(call)
 
 
+@register_reward("critic")
 @dataclass(frozen=True)
 class Critic(Team):
     """The prompted critic's per-call mix: em * R_EM + judge * R_judge + bonus * b_S of the call."""
@@ -149,6 +169,10 @@ class Critic(Team):
     bonus: float = 0.2
     per_call = True
     needs_judge = True
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(cfg.critic_em, cfg.critic_judge, cfg.critic_bonus)
 
     def __call__(self, record, calls, r_em, judge):
         if judge is None:
@@ -160,6 +184,7 @@ class Critic(Team):
                 + self.bonus * behaviour_bonus(record, c.call_id) for c in calls}
 
 
+@register_reward("none")
 @dataclass(frozen=True)
 class NoReward(Team):
     """No outcome reward: the role learns from OPD, or not at all (its calls get no entry)."""
@@ -168,23 +193,10 @@ class NoReward(Team):
         return {}
 
 
-BUILDERS = {
-    "team": lambda cfg: Team(),
-    "team_bonus": lambda cfg: TeamBonus(cfg.bonus_coef),
-    "team_assign": lambda cfg: TeamAssign(cfg.assign_coef, cfg.assign_cap),
-    "candidate_em": lambda cfg: CandidateEM(),
-    "critic": lambda cfg: Critic(cfg.critic_em, cfg.critic_judge, cfg.critic_bonus),
-    "none": lambda cfg: NoReward(),
-}
-"""Each reward of ``mopd.config.REWARDS``, built with a ``RewardConfig``'s coefficients."""
-
-
 def reward_of(name: str, cfg: RewardConfig):
-    """The reward object called ``name`` (a name of ``mopd.config.REWARDS``), with ``cfg``'s
+    """The reward object registered as ``name`` (``mopd.config.REWARDS``), with ``cfg``'s
     coefficients."""
-    if name not in BUILDERS:
-        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(BUILDERS)}")
-    return BUILDERS[name](cfg)
+    return REWARDS.lookup(name).from_config(cfg)
 
 
 def role_reward_objects(cfg: RewardConfig) -> Dict[str, Team]:

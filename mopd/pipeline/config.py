@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from mopd.config import ConfigError, PRESETS, RetrieverConfig
+from mopd.config.checks import choice as _choice
+from mopd.config.checks import positive as _positive
 from mopd.core.workflows import workflow_names
 from mopd.pipeline.kinds import check_setup, report_kind
 
@@ -22,16 +24,6 @@ CHECKPOINTS = ("best", "last")
 selection; the last weights when no validation ran) or the last step."""
 LAUNCHERS = ("inprocess", "subprocess")
 SPLITS = ("test", "dev")
-
-
-def _positive(name: str, value, allow_zero: bool = False) -> None:
-    if value is None or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
-
-
-def _choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r}: choose one of {list(choices)}")
 
 
 def _overrides(name: str, items: List[str]) -> None:

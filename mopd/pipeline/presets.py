@@ -1,26 +1,32 @@
-"""Named pipelines (functions returning a :class:`PipelineConfig`, registered as
-:data:`mopd.config.PRESETS` are) and their resolution: a preset, then a YAML file, then dotted
-overrides (``stage1.steps=300``, ``launcher.gpus=16``), as :func:`mopd.config.resolve` resolves a
-run's config. A YAML file is one layer on top of the preset: no inheritance between files.
+"""Named pipelines (functions returning a :class:`PipelineConfig`, registered under their own names
+as method presets are, :func:`mopd.config.register_preset`) and their resolution: a preset, then a
+YAML file, then dotted overrides (``stage1.steps=300``, ``launcher.gpus=16``), by the resolver that
+resolves a run's config (:mod:`mopd.config.resolver`). A YAML file is one layer on top of the
+preset: no inheritance between files. Any module can add a pipeline with ``@pipeline_preset``.
 """
 
 from __future__ import annotations
 
-import difflib
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, List, Optional, Union
 
-from mopd.config import ConfigError, RetrieverConfig, normalize_overrides, omegaconf_errors
+from mopd.config import ConfigError, ConfigKind, RetrieverConfig
+from mopd.config.resolver import build, merge_layers
+from mopd.core.registry import Registry
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
                                   SystemConfig, TrainStageConfig)
 
-PIPELINES: Dict[str, Callable[[], PipelineConfig]] = {}
+PIPELINES: Registry = Registry("pipeline", error=ConfigError)
+"""Pipeline presets by name: functions returning a PipelineConfig (read it as a mapping)."""
 
 
 def pipeline_preset(fn: Callable[[], PipelineConfig]) -> Callable[[], PipelineConfig]:
-    """Register a function returning a PipelineConfig under its own name."""
-    PIPELINES[fn.__name__] = fn
-    return fn
+    """Decorator: register a function returning a PipelineConfig under its own name."""
+    return PIPELINES.register(fn)
+
+
+PIPELINE_CONFIG = ConfigKind(noun="pipeline", what="pipeline config",
+                             key_help=" (training-stage settings go in overrides=[KEY=VALUE,...] or stageN.overrides)")
+"""The pipeline config's words for the shared resolver."""
 
 
 PAPER_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
@@ -82,7 +88,7 @@ def resolve_pipeline(preset: Union[str, PipelineConfig, None], overrides: Option
                      yaml_file: Optional[str] = None) -> PipelineConfig:
     """A pipeline: ``preset`` (a name in :data:`PIPELINES`, or a config), then ``yaml_file``, then
     dotted ``overrides``; ``${root}`` interpolations resolved, every check run."""
-    return _checked(_merged(preset, overrides, yaml_file))
+    return build(_merged(preset, overrides, yaml_file), PIPELINE_CONFIG)
 
 
 def show_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[List[str]] = None,
@@ -92,58 +98,18 @@ def show_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[
     from omegaconf import OmegaConf
 
     merged = _merged(preset, overrides, yaml_file)
-    _checked(merged)
+    build(merged, PIPELINE_CONFIG)
     return OmegaConf.to_yaml(merged)
 
 
 def _merged(preset, overrides, yaml_file):
-    from omegaconf import OmegaConf
-
-    from mopd.config import _check_yaml_shape, _empty_string, _valid_keys
-
     if isinstance(preset, PipelineConfig):
         base = preset
     elif preset is None:
         base = PipelineConfig
-    elif preset in PIPELINES:
-        base = PIPELINES[preset]()
     else:
-        close = difflib.get_close_matches(str(preset), PIPELINES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown pipeline {preset!r}{hint}; pipelines: {sorted(PIPELINES)}")
-    schema = OmegaConf.structured(base)
-    layers = []
-    if yaml_file:
-        p = Path(yaml_file)
-        if not p.is_file():
-            raise ConfigError(f"pipeline file {yaml_file} " + ("is a directory" if p.is_dir() else "does not exist"))
-        try:
-            layer = OmegaConf.load(p)
-        except Exception as e:   # yaml syntax, a scalar document
-            raise ConfigError(f"pipeline file {yaml_file} is not a YAML mapping: {str(e).splitlines()[0]}") from None
-        _check_yaml_shape(yaml_file, layer, schema)
-        layers.append(layer)
-    if overrides:
-        valid = _valid_keys(OmegaConf.merge(schema, *layers))   # a YAML file's own entries (arms) included
-        items = []
-        for it in normalize_overrides(list(overrides)):
-            key, value = it.split("=", 1)
-            if key not in valid and not any(v.startswith(key + ".") for v in valid):   # a field, or a whole entry
-                close = difflib.get_close_matches(key, valid, n=3)
-                hint = f"; did you mean {' or '.join(close)}?" if close else ""
-                raise ConfigError(f"unknown pipeline key {key!r}{hint} (training-stage settings go in "
-                                  "overrides=[KEY=VALUE,...] or stageN.overrides)")
-            items.append(f"{key}={_empty_string(schema, key, value)}")
-        layers.append(OmegaConf.from_dotlist(items))
-    with omegaconf_errors("pipeline config"):
-        return OmegaConf.merge(schema, *layers)
-
-
-def _checked(merged) -> PipelineConfig:
-    from omegaconf import OmegaConf
-
-    with omegaconf_errors("pipeline config"):
-        return OmegaConf.to_object(merged)
+        base = PIPELINES.lookup(preset)()
+    return merge_layers(base, PIPELINE_CONFIG, overrides, yaml_file)
 
 
 def pipeline_yaml(cfg: PipelineConfig) -> str:

@@ -130,11 +130,13 @@ def test_an_invalid_output_gets_exactly_the_invalid_reward_without_kl():
     assert out["a0"] == pytest.approx(1.0 - 5e-3)       # a valid candidate still pays its KL
 
 
-def test_every_reward_the_config_offers_has_an_object_with_its_coefficients():
-    from mopd.algo.rewards import BUILDERS, Critic, TeamAssign, TeamBonus, reward_of
+def test_every_reward_registers_itself_with_its_coefficients():
+    from mopd.algo.rewards import CandidateEM, Critic, NoReward, Team, TeamAssign, TeamBonus, reward_of
     from mopd.config import REWARDS
 
-    assert sorted(BUILDERS) == sorted(REWARDS)
+    # the config's names are the classes' own registrations: nothing else lists them
+    assert dict(REWARDS) == {"team": Team, "team_bonus": TeamBonus, "team_assign": TeamAssign,
+                             "candidate_em": CandidateEM, "critic": Critic, "none": NoReward}
     cfg = RewardConfig(bonus_coef=0.35, assign_coef=0.15, assign_cap=4, critic_em=0.1, critic_judge=0.7,
                        critic_bonus=0.05)
     assert reward_of("team_bonus", cfg) == TeamBonus(0.35)
