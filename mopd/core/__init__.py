@@ -13,4 +13,7 @@
 
 It imports nothing of ours (``mopd.config`` reads its tables; ``tests/test_layering.py`` checks
 it), and this ``__init__`` imports nothing at all, so reading a record does not pull in torch.
+The command line imports the core before any handler runs (and before ``mopd.core.reproducible``
+pins the CPU environment that torch reads when it loads), so its modules import torch,
+transformers and pyarrow inside the functions that use them, never at module level.
 """

@@ -12,6 +12,7 @@ samples is not caught (it would take a deliberate edit, not a retrained model).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -69,8 +70,6 @@ def chat_template_hash(model_dir: Path) -> str | None:
             found = True
     conf = model_dir / "tokenizer_config.json"
     if conf.is_file():
-        import json
-
         try:
             template = json.loads(conf.read_text(encoding="utf-8")).get("chat_template")
         except (ValueError, AttributeError, UnicodeDecodeError):

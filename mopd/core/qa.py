@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from mopd.core.atomic import atomic_open
+from mopd.core.scoring import normalize_answer
 
 
 class DataError(ValueError):
@@ -71,8 +72,6 @@ def _usable_answers(answers: List[str], where: str, key: str) -> Tuple[List[str]
     An empty one (``""``, blanks, a lone article such as "A", punctuation) equals the normalised
     empty answer, so exact match would pay full reward for saying nothing: it is dropped (the row
     keeps its other answers) and noted. A row left with no answer is malformed."""
-    from mopd.core.scoring import normalize_answer
-
     kept = [a for a in answers if normalize_answer(a)]
     if not kept:
         raise DataError(f"{where}: {key} is {answers!r}, every answer empty after answer normalisation "

@@ -29,6 +29,7 @@ The module imports nothing heavy: torch is imported inside the functions that ne
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from typing import Dict, MutableMapping, Optional
 
@@ -75,8 +76,6 @@ def deterministic_torch(threads: int = 1) -> None:
 def environment_record() -> Dict[str, object]:
     """What decides the bits of this process: the pinned variables, torch's version, the ISA its
     kernels use, thread counts, and whether the environment was pinned before torch loaded."""
-    import platform
-
     import torch
 
     return {
@@ -100,6 +99,5 @@ def _cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor()

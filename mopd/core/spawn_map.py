@@ -7,15 +7,14 @@ is inherited, and the pinned CPU environment (:mod:`mopd.core.reproducible`) rea
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, List, Sequence
 
 
 def spawn_map(fn: Callable, jobs: Sequence[tuple], workers: int) -> List:
     """``[fn(*args) for args in jobs]``, ``workers`` spawned processes at a time (``fn`` must be a
     module-level function, its arguments picklable)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(fn, *args) for args in jobs]
         return [f.result() for f in futures]

@@ -14,9 +14,14 @@ here still works; it is compiled from source each time a process imports it (sec
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import pkgutil
+import py_compile
 import sys
 import time
+
+import mopd
 
 LIBRARY_MODULES = (
     "numpy", "torch", "torch.nn.functional", "torch.utils.checkpoint", "torch.utils.serialization",
@@ -38,10 +43,6 @@ def mopd_modules() -> list:
     """Every module of the mopd package but ``mopd.__main__`` (importing it runs the command line),
     and of the fused loss head ``mopd_kernels`` (its own distribution; its integrations import TRL or
     verl, so they are left to ``warm``'s missing list where those are not installed)."""
-    import importlib.util
-
-    import mopd
-
     names = ["mopd"] + [m.name for m in pkgutil.walk_packages(mopd.__path__, "mopd.")
                         if not m.name.endswith("__main__")]
     kernels = importlib.util.find_spec("mopd_kernels").submodule_search_locations
@@ -52,10 +53,6 @@ def warm(names) -> tuple:
     """Import each of ``names``, then write the bytecode of every source module now loaded that
     has none (py_compile writes it whatever ``PYTHONDONTWRITEBYTECODE`` says). Returns (modules
     compiled, the names that could not be imported with the reason: an optional extra, say)."""
-    import importlib.util
-    import os
-    import py_compile
-
     missing = []
     for name in names:
         try:
