@@ -20,11 +20,13 @@ role table (``mopd.core.roles``) says which:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
+from mopd.algo.rewards import kl_in_reward, role_reward_objects, role_rewards
 from mopd.config import AlgoConfig, Config
 from mopd.core.records import AgentCall, WorkflowRecord
 from mopd.core.roles import role as role_of
@@ -112,8 +114,6 @@ def step_advantages(cfg: Config, records: Sequence[WorkflowRecord],
     verdict of a call (needed by a role whose reward is the critic's; such a trajectory role's
     rewards differ per call and are therefore normalised per call).
     """
-    from mopd.algo.rewards import kl_in_reward, role_reward_objects, role_rewards
-
     by_record: Dict[int, Dict[str, Dict[str, float]]] = defaultdict(lambda: {"kl": {}, "judge": {}})
     for name, table in (("kl", kl_sums or {}), ("judge", judge or {})):
         for (i, cid), v in table.items():
@@ -134,8 +134,6 @@ def step_advantages(cfg: Config, records: Sequence[WorkflowRecord],
 def role_specs(algo: AlgoConfig) -> list:
     """The fused loss's role specs, in role-id order, each labelled with its role's name (a role the
     config does not name takes ``role_loss()``: GRPO on its outcome reward)."""
-    import dataclasses
-
     return [dataclasses.replace(algo.role(r), name=r) for r in role_names()]
 
 

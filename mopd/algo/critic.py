@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from mopd.core.generation import GenerationRequest, SamplingParams
+
 JUDGE_SYSTEM = "You are a strict reviewer of research notes written by a search assistant."
 
 JUDGE_PROMPT = """A team is answering a question. One member was given a sub-question, searched a document collection, and wrote the report below.
@@ -77,8 +79,6 @@ def judge_reports(engine, tokenizer, items: Sequence[JudgeItem], *, max_new_toke
 
     ``engine`` follows the rollout engine interface (generate(list[GenerationRequest])).
     """
-    from mopd.core.generation import GenerationRequest, SamplingParams
-
     if not items:
         return {}, 0
     requests: List = []
