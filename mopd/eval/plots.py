@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 VALIDATION_KEYS = ("val/em", "rollout/search_per_workflow", "rollout/no_search_frac")
 
 
@@ -27,8 +29,6 @@ def _pyplot():
 def per_dataset_plot(summary: dict, out_png: str | os.PathLike, metric: Optional[str] = None,
                      scoring: str = "strict") -> Path:
     """Grouped bars: datasets (and Macro) on x, one bar per system, 95% intervals as error bars."""
-    import numpy as np
-
     plt = _pyplot()
     metric = metric or summary["metric_names"]["avg"]
     datasets = list(summary["datasets"])

@@ -44,6 +44,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, List, Sequence
 
+import torch
+import torch.distributed as dist
+
 from mopd.core.peers import register_peer
 from mopd.core.records import write_records
 from mopd.eval.alignment import EvalError
@@ -142,9 +145,6 @@ class TorchRanks:
     uses; gloo on CPU) and a gloo group for the meetings, with the timeout :data:`WAIT`."""
 
     def __init__(self, env=None):
-        import torch
-        import torch.distributed as dist
-
         env = os.environ if env is None else env
         self.rank, self.world = int(env["RANK"]), int(env["WORLD_SIZE"])
         cuda = torch.cuda.is_available()
@@ -156,20 +156,14 @@ class TorchRanks:
         self._group = dist.new_group(backend="gloo", timeout=WAIT)
 
     def broadcast(self, obj):
-        import torch.distributed as dist
-
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
     def barrier(self) -> None:
-        import torch.distributed as dist
-
         dist.barrier(group=self._group)
 
     def leave(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group(self._group)
 

@@ -14,6 +14,7 @@ from mopd.eval.bootstrap import DEFAULT_DRAWS, DEFAULT_SEED
 from mopd.eval.collapse import collapse_table
 from mopd.eval.differences import largest_differences
 from mopd.eval.loading import load_runs, read_eval_records, records_file
+from mopd.eval.plots import read_training_log
 from mopd.eval.summary import summarize
 
 __all__ = ["load_runs", "render_markdown", "report_runs", "write_report"]
@@ -50,8 +51,6 @@ def validation_rows(logs: Sequence[str | os.PathLike], labels: Optional[Sequence
     """{label: [{"step", and each of tables.VALIDATION_COLUMNS the row has}]} of the validation
     rows (those with ``val/em``) of each training log, in step order; a non-finite value (logged
     as a string) is left out."""
-    from mopd.eval.plots import read_training_log
-
     out: Dict[str, List[dict]] = {}
     for i, p in enumerate(logs):
         label = labels[i] if labels else (Path(p).parent.name or Path(p).stem)

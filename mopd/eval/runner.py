@@ -20,16 +20,21 @@ anyway (written before the lock, or by hand) keeps its first record of it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
 
 from mopd.core.atomic import atomic_write_json
 from mopd.core.records import RecordError, WorkflowRecord, write_records
 from mopd.core.run_lock import RunLock, RunLocked
 from mopd.eval.alignment import EvalError
 from mopd.eval.loading import RECORDS_FILE
+from mopd.rollout.async_scheduler import run_rollout
+from mopd.rollout.engines import build_engine, evaluation_dtype
 from mopd.rollout.run_state import WorkflowSettings
 
 RUN_FILE = "run.json"
@@ -106,8 +111,6 @@ class EvalPlan:
 
 def manifest_fingerprint(questions: Sequence) -> str:
     """sha256 of the questions in order: dataset, id, text and gold answers of each."""
-    import hashlib
-
     h = hashlib.sha256()
     for q in questions:
         h.update(json.dumps([q.dataset, q.id, q.question, list(q.answers)], ensure_ascii=False).encode())
@@ -273,7 +276,7 @@ def _run_locked(engine, retriever, tokenizer, questions: Sequence, plan: EvalPla
                 progress: bool, log: Callable[[str], None]) -> Path:
     keys = [(q.dataset, q.id) for q in questions]
     if run_fn is None:
-        from mopd.rollout.async_scheduler import run_rollout as run_fn
+        run_fn = run_rollout
     out, attempts, method = plan.out_dir, plan.attempts, plan.method
     out.mkdir(parents=True, exist_ok=True)
     settings = plan.fixed_settings()
@@ -314,8 +317,6 @@ def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: E
     """
     engine = model_or_engine
     if not hasattr(model_or_engine, "generate") or _is_module(model_or_engine):
-        from mopd.rollout.engines import build_engine, evaluation_dtype
-
         dtype = evaluation_dtype(cfg.rollout, cfg.eval)
         if _is_module(model_or_engine):
             engine = build_engine(cfg.rollout, "", dtype=dtype, trainer_model=(model_or_engine, tokenizer))
@@ -327,8 +328,4 @@ def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: E
 
 
 def _is_module(obj) -> bool:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return False
     return isinstance(obj, torch.nn.Module)
