@@ -20,7 +20,7 @@ Modules (import from this package; each is short enough to read at one sitting):
   with the pipeline's config (:mod:`mopd.pipeline.presets`);
 - :mod:`~mopd.config.presets`: the paper's presets.
 
-The presets follow the paper; every place where they (or the tiny presets) depart from it is
+The presets follow the paper; every place where they (or a recipe's presets) depart from it is
 listed, with its reason, in ``docs/method.md``.
 """
 
@@ -37,7 +37,6 @@ from mopd.config.run import (OPEN_MAPS, ROLE_SECTIONS, ROLLOUT_LOGPROBS_BF16, Co
                              to_dict, to_yaml)
 from mopd.config.training import EvalConfig, TrainerConfig
 from mopd.config import presets  # noqa: F401  (registers the paper's presets)
-from mopd.config import tiny_presets  # noqa: F401  TEMPORARY: goes when tiny_presets.py moves to mopd/recipes/tiny_world/
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS", "DEFAULT_GPU_MEMORY_UTILIZATION", "DTYPES", "ENGINES", "ENTROPY_COEF",

@@ -31,7 +31,7 @@ class ModelConfig:
     attn_implementation: str = "auto"
     """Attention of the training forward and the no-grad scoring passes (pi_old, teacher,
     reference) over a packed micro-batch. ``auto``: on CUDA flash-attn's varlen kernel when
-    flash-attn is installed, else ``varlen``, else ``sdpa``; on CPU ``sdpa``. ``flash``:
+    flash-attn is installed, else ``varlen``, else ``sdpa``; on CPU ``packed_sdpa``. ``flash``:
     flash-attn's varlen kernel (CUDA, flash-attn installed). ``varlen``: torch's own FlashAttention
     varlen kernel (``torch.nn.attention.varlen``; CUDA, torch 2.10 and later), no flash-attn
     needed. ``flex``: FlexAttention with a per-call causal block mask, compiled once (CPU or
@@ -77,7 +77,7 @@ class RetrieverConfig:
     """inprocess (an index directory loaded into this process) or http (a Search-R1-style server)."""
     index: str = ""
     """Index directory built by `mopd retriever build-index` or `import-index` (kind=inprocess), or
-    ``bundled``: the bundled corpus of 2,400 invented passages (a toy; the tiny_* presets' default).
+    ``bundled``: the bundled corpus of 2,400 invented passages (a toy for smoke runs).
     Empty with kind=inprocess: no retriever, which `mopd train` and `mopd eval run` refuse."""
     url: str = "http://127.0.0.1:8000"
     """Server address (kind=http)."""

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from mopd.config import ConfigError, PRESETS, RetrieverConfig
+from mopd.config import ConfigError, RetrieverConfig, get_preset
 from mopd.config.checks import choice as _choice
 from mopd.config.checks import positive as _positive
 from mopd.core.workflows import workflow_names
@@ -64,8 +64,10 @@ class TrainStageConfig:
     def check(self, where: str) -> None:
         if not self.name:
             raise ConfigError(f"{where}.name is empty: name the system this stage trains")
-        if self.preset not in PRESETS:
-            raise ConfigError(f"{where}.preset={self.preset!r} is not a method preset (`mopd config list`)")
+        try:
+            get_preset(self.preset)
+        except ConfigError:
+            raise ConfigError(f"{where}.preset={self.preset!r} is not a method preset (`mopd config list`)") from None
         if not self.dir or self.dir.startswith("/") or ".." in self.dir.split("/"):
             raise ConfigError(f"{where}.dir={self.dir!r} must be a relative directory under the pipeline's root")
         if self.steps is not None:

@@ -2,7 +2,8 @@
 as method presets are, :func:`mopd.config.register_preset`) and their resolution: a preset, then a
 YAML file, then dotted overrides (``stage1.steps=300``, ``launcher.gpus=16``), by the resolver that
 resolves a run's config (:mod:`mopd.config.resolver`). A YAML file is one layer on top of the
-preset: no inheritance between files. Any module can add a pipeline with ``@pipeline_preset``.
+preset: no inheritance between files. Any module can add a pipeline with ``@pipeline_preset`` (a
+recipe adds its own: :mod:`mopd.recipes`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import Callable, List, Optional, Union
 
 from mopd.config import ConfigError, ConfigKind, RetrieverConfig
 from mopd.config.resolver import build, merge_layers
+from mopd.core.recipes import load_recipes
 from mopd.core.registry import Registry
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
                                   SystemConfig, TrainStageConfig)
 
-PIPELINES: Registry = Registry("pipeline", error=ConfigError)
+PIPELINES: Registry = Registry("pipeline", error=ConfigError, on_missing=load_recipes)
 """Pipeline presets by name: functions returning a PipelineConfig (read it as a mapping)."""
 
 
@@ -60,28 +62,6 @@ def paper() -> PipelineConfig:
                                 eval="torchrun --nproc_per_node 8 -m mopd", gpus=8,
                                 gpu_gib=80.0, retriever_gib=6.0),
     )
-
-
-def _demo(**settings) -> PipelineConfig:
-    from mopd.recipes.tiny_world.pipeline import DemoSettings, demo_pipeline, quick_settings
-
-    s = DemoSettings(**{k: v for k, v in settings.items() if k != "quick"})
-    return demo_pipeline(quick_settings(s) if settings.get("quick") else s)
-
-
-@pipeline_preset
-def demo() -> PipelineConfig:
-    """`mopd demo` at its defaults: the built-in tiny world on a CPU, in this process (~25 minutes)."""
-    return _demo()
-
-
-@pipeline_preset
-def demo_quick() -> PipelineConfig:
-    """`mopd demo --quick`: the tiny pipeline shortened (quick world, 2 steps per stage, 4 test
-    questions): checks that every stage works, says nothing about the method (a few minutes)."""
-    cfg = _demo(quick=True, out="runs/demo_quick")
-    cfg.name = "demo_quick"
-    return cfg
 
 
 def resolve_pipeline(preset: Union[str, PipelineConfig, None], overrides: Optional[List[str]] = None,

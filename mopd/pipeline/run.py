@@ -327,7 +327,7 @@ def write_timings(path: Path, times: Dict[str, float], built: Optional[Dict[str,
                   rebuilt: Optional[Dict[str, bool]] = None) -> None:
     """Stage seconds of the run that built each stage, and under ``last_run`` this run's own: a
     re-run reuses finished stages in a moment, so where an earlier run of this directory took
-    longer for a stage, its time is kept at the top level (what the README's tables report),
+    longer for a stage, its time is kept at the top level (what the published tables report),
     unless ``rebuilt`` says this run built that stage again (other steps, say): then this run's
     time replaces the old one. ``built``: stage seconds recorded where a stage was built outside a
     pipeline run (a setup stage reused from its own earlier build). The top-level total is at least the

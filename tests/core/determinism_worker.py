@@ -31,7 +31,7 @@ def main(out: Path) -> None:
     from mopd.config import RetrieverConfig, resolve
     from mopd.recipes.tiny_world.world import build_world, parse_world_settings
     from mopd.recipes.tiny_world.warmstart import build_pi0
-    from mopd.recipes.tiny_world.demo import QUICK_OVERRIDES
+    from mopd.recipes.tiny_world.pipeline import QUICK_OVERRIDES
     from mopd.retriever import load_retriever
     from mopd.retriever.memo import QueryMemo
     from mopd.rollout.scheduler import run_workflows

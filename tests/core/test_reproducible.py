@@ -53,7 +53,7 @@ def test_cli_pins_the_environment_before_torch_loads():
     """`mopd world ...` and `mopd demo` pin the variables in the handler's process (torch not yet loaded
     when they are set); another command leaves the environment alone."""
     code = ("import os, sys\n"
-            "import mopd.cli, mopd.commands as mc, mopd.data.commands as dc\n"
+            "import mopd.cli, mopd.commands as mc, mopd.recipes.tiny_world.commands as dc\n"
             "def handler(args):\n"
             "    print('torch' in sys.modules, os.environ.get('MKL_CBWR'))\n"
             "dc._build = mc._list = handler\n"   # registered by build_parser, which main() calls

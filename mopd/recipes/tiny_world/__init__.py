@@ -19,4 +19,4 @@ Importing the package registers its presets, pipeline presets, stage kinds and r
 core finds it through :func:`mopd.core.recipes.load_recipes`.
 """
 
-from mopd.recipes.tiny_world import presets, stages  # noqa: F401  (registration)
+from mopd.recipes.tiny_world import pipeline, presets, stages  # noqa: F401  (registration)

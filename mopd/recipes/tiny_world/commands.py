@@ -83,7 +83,8 @@ def _register_demo(sub) -> None:
 
 def _demo(args) -> int:
     from mopd.core.errors import UserError
-    from mopd.recipes.tiny_world.demo import DemoSettings, quick_settings, run_demo, run_seeds
+    from mopd.recipes.tiny_world.demo import run_demo, run_seeds
+    from mopd.recipes.tiny_world.pipeline import quick_settings
 
     out = args.out
     if args.seeds is not None and out == "runs/demo":

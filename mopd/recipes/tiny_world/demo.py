@@ -15,25 +15,20 @@ says, and the multi-seed summary, are rendered by :mod:`mopd.recipes.tiny_world.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import List
 
-from mopd.recipes.tiny_world.report import log as _log, write_seed_summary
 from mopd.pipeline.config import PipelineConfig
-from mopd.pipeline.run import spread_over_datasets
-from mopd.recipes.tiny_world.pipeline import (ABLATION_ARMS, QUICK_OVERRIDES, QUICK_WORKFLOW, STAGE2_ARMS, Arm, DemoSettings,
-                                      demo_pipeline, quick_settings, world_settings)
-
-__all__ = ["ABLATION_ARMS", "QUICK_OVERRIDES", "QUICK_WORKFLOW", "STAGE2_ARMS", "Arm", "DemoSettings", "demo_config",
-           "quick_settings", "run_demo", "run_seeds", "spread_over_datasets", "world_settings"]
+from mopd.pipeline.presets import resolve_pipeline
+from mopd.pipeline.run import run_pipeline
+from mopd.recipes.tiny_world.pipeline import DemoSettings, demo_pipeline
+from mopd.recipes.tiny_world.report import log, write_seed_summary
 
 
 def demo_config(s: DemoSettings) -> PipelineConfig:
     """The resolved pipeline of a demo with settings ``s``."""
-    from mopd.pipeline.presets import resolve_pipeline
-
     return resolve_pipeline(demo_pipeline(s))
 
 
@@ -42,22 +37,18 @@ def run_demo(s: DemoSettings) -> Path:
 
     Nothing before the final evaluation reads the evaluation split: pi_0 trains on the training
     split, its check and both stages' validation curves use the dev split."""
-    from mopd.pipeline.run import run_pipeline
-
     cfg = demo_config(s)
     root = Path(cfg.root)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "demo_settings.json").write_text(json.dumps(asdict(s), indent=2))
+    (root / "demo_settings.json").write_text(json.dumps(dataclasses.asdict(s), indent=2))
     return run_pipeline(cfg)
 
 
 def run_seeds(s: DemoSettings, seeds: List[int]) -> Path:
     """The demo on each of ``seeds`` (``s.out``/seed{N}, finished stages reused), then the
     multi-seed summary (``s.out``/summary.json and summary.md); returns the summary's path."""
-    import dataclasses
-
     root = Path(s.out)
     for n in seeds:
-        _log(f"seed {n}: {root / f'seed{n}'}")
+        log(f"seed {n}: {root / f'seed{n}'}")
         run_demo(dataclasses.replace(s, seed=n, out=str(root / f"seed{n}")))
     return write_seed_summary(root, seeds, draws=s.bootstrap_draws, split=s.eval_split)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 from mopd.config import RetrieverConfig
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
                                   SetupStageConfig, SystemConfig, TrainStageConfig)
+from mopd.pipeline.presets import pipeline_preset
 
 
 @dataclass
@@ -230,3 +231,23 @@ def demo_pipeline(s: DemoSettings) -> PipelineConfig:
         launcher=LauncherConfig(kind="inprocess", arm_workers=s.arm_workers, eval_workers=s.eval_workers,
                                 lockstep=s.lockstep),
     )
+
+
+def _demo(**settings) -> PipelineConfig:
+    s = DemoSettings(**{k: v for k, v in settings.items() if k != "quick"})
+    return demo_pipeline(quick_settings(s) if settings.get("quick") else s)
+
+
+@pipeline_preset
+def demo() -> PipelineConfig:
+    """`mopd demo` at its defaults: the built-in tiny world on a CPU, in this process (~25 minutes)."""
+    return _demo()
+
+
+@pipeline_preset
+def demo_quick() -> PipelineConfig:
+    """`mopd demo --quick`: the tiny pipeline shortened (quick world, 2 steps per stage, 4 test
+    questions): checks that every stage works, says nothing about the method (a few minutes)."""
+    cfg = _demo(quick=True, out="runs/demo_quick")
+    cfg.name = "demo_quick"
+    return cfg

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mopd.config import to_yaml
-from mopd.recipes.tiny_world.demo import ABLATION_ARMS, STAGE2_ARMS, DemoSettings, demo_config
+from mopd.recipes.tiny_world.demo import demo_config
+from mopd.recipes.tiny_world.pipeline import ABLATION_ARMS, STAGE2_ARMS, DemoSettings
 from mopd.pipeline.stages import TrainStage, plan
 
 

@@ -8,7 +8,8 @@ import pytest
 
 import mopd.recipes.tiny_world.world as tinyworld
 import mopd.pipeline.run as pipeline_run
-from mopd.recipes.tiny_world.demo import DemoSettings, run_demo
+from mopd.recipes.tiny_world.demo import run_demo
+from mopd.recipes.tiny_world.pipeline import DemoSettings
 from tests.helpers.stamps import stamps
 
 _LOG: list = []

@@ -2,7 +2,8 @@
 
 import pytest
 
-from mopd.recipes.tiny_world.demo import DemoSettings, demo_config
+from mopd.recipes.tiny_world.demo import demo_config
+from mopd.recipes.tiny_world.pipeline import DemoSettings
 from mopd.pipeline import inprocess
 from mopd.pipeline.stages import EvalStage, plan as stages_of
 

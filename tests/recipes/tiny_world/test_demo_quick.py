@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 
-from mopd.recipes.tiny_world.demo import DemoSettings, run_demo, spread_over_datasets
+from mopd.pipeline.run import spread_over_datasets
+from mopd.recipes.tiny_world.demo import run_demo
+from mopd.recipes.tiny_world.pipeline import DemoSettings
 from tests.helpers.stamps import stamps
 
 

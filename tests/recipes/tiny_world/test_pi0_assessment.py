@@ -66,7 +66,7 @@ def test_pi0_settings_from_key_values():
 
 
 def test_demo_settings_reject_a_bad_pi0_setting():
-    from mopd.recipes.tiny_world.demo import DemoSettings
+    from mopd.recipes.tiny_world.pipeline import DemoSettings
 
     assert DemoSettings(pi0=["search_first=0.5"]).pi0 == ["search_first=0.5"]
     with pytest.raises(ValueError, match="search_first"):
