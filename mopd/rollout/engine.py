@@ -10,7 +10,9 @@ The engines themselves are listed, and built, in :mod:`mopd.rollout.engines`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from mopd.core.generation import Completion, GenerationRequest
@@ -91,9 +93,6 @@ def eos_ids_of(tokenizer, *eos_fields) -> set:
 def model_dir_eos_ids(model_path: str, tokenizer) -> set:
     """:func:`eos_ids_of` a model directory's ``generation_config.json`` and ``config.json`` (what
     vLLM stops on by default)."""
-    import json
-    from pathlib import Path
-
     fields = []
     for name in ("generation_config.json", "config.json"):
         try:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
+from transformers import DynamicCache
 
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.rollout.engine_worker import cuda_device_keeper, request_rows
@@ -69,8 +70,6 @@ class _Batch:
 
 
 def _new_cache(model, layers):
-    from transformers import DynamicCache
-
     cache = DynamicCache(config=model.config)
     for i, (k, v) in enumerate(layers):
         cache.update(k, v, i)

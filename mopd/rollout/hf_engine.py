@@ -18,10 +18,12 @@ from contextlib import contextmanager
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.core.model_dir import remote_code_trusted
 from mopd.rollout.engine import EngineCapabilities, eos_ids_of
+from mopd.rollout.hf_continuous import HFStepFront
 from mopd.rollout.kv_layers import layer_kv
 from mopd.rollout.prefix_store import LayerKV, PrefixStore
 from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
@@ -61,8 +63,6 @@ class HFEngine:
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: str = "auto", device: Optional[str] = None,
                         max_batch_rows: int = 256, prefix_cache_mb: int = 512) -> "HFEngine":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -144,8 +144,6 @@ class HFEngine:
 
     def step_front(self, max_rows: int = 256):
         """The continuous-batching front over this engine (requests join between decode steps)."""
-        from mopd.rollout.hf_continuous import HFStepFront
-
         return HFStepFront(self, max_rows=max_rows)
 
     def _frees_memory(self) -> bool:
@@ -241,8 +239,6 @@ class HFEngine:
         row may have padding between its two parts. Position ids count real columns only, so
         every real token has the position it has in its own sequence.
         """
-        from transformers import DynamicCache
-
         device = self.device
         hits = [self.prefix_store.take(p) if self.prefix_store is not None else None for p in prompts]
         done = [h[0] if h else 0 for h in hits]

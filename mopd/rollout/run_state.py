@@ -12,17 +12,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Tuple
+from typing import Callable, List, Tuple
 
 from mopd.core.generation import Completion, GenerationRequest, SamplingParams
 from mopd.core.records import Event, Passage, WorkflowRecord
 from mopd.core.registry import Registry
 from mopd.core.roles import role as role_spec
+from mopd.core.workflows import workflow as workflow_entry
 from mopd.core.workflows import workflow_names
 from mopd.rollout.sampling import derive_seed
-
-if TYPE_CHECKING:
-    from mopd.rollout.transcript import Transcript
+from mopd.rollout.transcript import Transcript
 
 STATE_MACHINES: Registry = Registry("workflow")
 """The state machine of each workflow of the table (:mod:`mopd.core.workflows`), by its name: a class
@@ -110,8 +109,6 @@ class WorkflowSettings:
     def for_evaluation(cls, cfg, workflow: str = "", seed: int | None = None) -> "WorkflowSettings":
         """Evaluation (and validation): the config's limits with ``cfg.eval`` sampling and candidates.
         A workflow other than the config's gets the paper's step limit for it (the workflow table's)."""
-        from mopd.core.workflows import workflow as workflow_entry
-
         workflow = workflow or cfg.rollout.workflow
         limit = workflow_entry(workflow).max_steps   # an unknown name fails here
         train = cls.for_training(cfg, cfg.rollout.seed if seed is None else seed)
@@ -156,8 +153,6 @@ class RunContext:
 
     def transcript(self, call) -> "Transcript":
         """A transcript of ``call`` under these settings' limits, EOS ids and template kwargs."""
-        from mopd.rollout.transcript import Transcript
-
         s = self.settings
         return Transcript(call, self.tokenizer, s.max_input_tokens, eos_ids=s.eos_ids,
                           template_kwargs=s.template_kwargs())

@@ -31,6 +31,8 @@ import time
 from concurrent.futures import Future
 from typing import Dict, Tuple
 
+import torch
+
 from mopd.core.generation import GenerationRequest
 from mopd.rollout.engine_worker import cuda_device_keeper
 from mopd.rollout.rollout_stats import BusyMeter
@@ -63,8 +65,6 @@ def cpu_threads_keeper():
     ``torch.set_num_threads`` with a no-op once it has bound its threads, hence ``torch._C``'s
     setter. Harmless for a GPU engine.
     """
-    import torch
-
     threads = torch.get_num_threads()
     setter = getattr(torch._C, "set_num_threads", None)   # torch.set_num_threads before vLLM replaced it
     if setter is None:

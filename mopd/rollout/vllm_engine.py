@@ -54,9 +54,14 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
+import numpy as np
+import torch
+
+from mopd.config import ConfigError
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.core.model_dir import remote_code_trusted
-from mopd.rollout.engine import EngineCapabilities
+from mopd.rollout.engine import EngineCapabilities, model_dir_eos_ids
+from mopd.rollout.vllm_async_engine import VLLMStepFront
 from mopd.rollout.vllm_outputs import completion_from_output
 
 INSTALL_HINT = "pip install 'multiagent-opd[gpu]'"
@@ -133,8 +138,6 @@ def engine_kwargs(model_path: str, *, gpu_memory_utilization: float, tensor_para
         kwargs["max_model_len"] = int(max_model_len)
     if under_torchrun(env):
         if tensor_parallel_size > 1:
-            from mopd.config import ConfigError
-
             raise ConfigError(
                 f"rollout.tensor_parallel_size={tensor_parallel_size} under torchrun is not supported: with "
                 "one engine per rank, every rank of a tensor-parallel group would have to submit the same "
@@ -146,9 +149,6 @@ def engine_kwargs(model_path: str, *, gpu_memory_utilization: float, tensor_para
 
 
 def _rng_states() -> dict:
-    import numpy as np
-    import torch
-
     states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state()
@@ -156,9 +156,6 @@ def _rng_states() -> dict:
 
 
 def _restore_rng_states(states: dict) -> None:
-    import numpy as np
-    import torch
-
     torch.set_rng_state(states["torch"])
     np.random.set_state(states["numpy"])
     random.setstate(states["random"])
@@ -251,8 +248,6 @@ class VLLMEngine:
         local_rank = os.environ.get("LOCAL_RANK")
         try:
             if launcher:
-                import torch
-
                 if torch.cuda.is_available():
                     # vLLM's worker takes cuda:LOCAL_RANK: make that the trainer's device, also
                     # where a launcher shows each rank only its own GPU.
@@ -264,8 +259,6 @@ class VLLMEngine:
                 os.environ["LOCAL_RANK"] = local_rank
             _restore_rng_states(states)
         self.tokenizer = self.llm.get_tokenizer()
-        from mopd.rollout.engine import model_dir_eos_ids
-
         self.eos_ids = model_dir_eos_ids(model_path, self.tokenizer)
         """What vLLM stops on (the generation config's EOS ids and the tokenizer's): the transcripts'."""
         self.sleeps = bool(kwargs.get("enable_sleep_mode"))
@@ -285,8 +278,6 @@ class VLLMEngine:
 
     def step_front(self, max_rows: int = 256):
         """The step-level front: requests join vLLM's running batch between engine steps."""
-        from mopd.rollout.vllm_async_engine import VLLMStepFront
-
         return VLLMStepFront(self)
 
     def _params(self, p):
@@ -302,8 +293,6 @@ class VLLMEngine:
     @property
     def weight_dtype(self):
         """The dtype the engine computes in (what the trainer casts its streamed weights to)."""
-        import torch
-
         dtype = getattr(getattr(self.llm, "model_config", None), "dtype", None)
         return dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
 
