@@ -225,3 +225,13 @@ def test_the_cycle_check_catches_a_lazy_import_back(tmp_path):
     (fake / "rollout" / "backend.py").write_text("from mopd.rollout.factory import helper\n\nclass Backend:\n    pass\n")
     (fake / "rollout" / "leaf.py").write_text("from . import backend\n")
     assert module_cycles(fake) == [["mopd.rollout.backend", "mopd.rollout.factory"]]
+
+
+def test_the_core_does_not_name_the_tiny_world():
+    """The tiny world is a recipe: outside mopd/recipes/ no code, comment or docstring names its
+    presets (tiny_*) or the world itself."""
+    bad = [f"{path.relative_to(ROOT.parent)}:{i}" for path in sorted(ROOT.rglob("*.py"))
+           if _package_of(path, ROOT) != "recipes"
+           for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+           if "tiny_" in line or "tiny world" in line.lower() or "tinyworld" in line]
+    assert bad == []

@@ -38,7 +38,7 @@ def flash_attn_available() -> bool:
 CPU_AUTO_ATTN = "packed_sdpa"
 """What ``auto`` runs on CPU: the packed rows, attention per call (bench/RESULTS.md, "Packed attention
 without flash-attn": 1.17x faster updates and 1.25x faster scoring than the padded SDPA batch on
-SmolLM2-135M, 39% less activation memory). The tiny world's presets pin the padded ``sdpa``, which
+SmolLM2-135M, 39% less activation memory). A recipe's presets may pin the padded ``sdpa``, which
 their published bits were made with."""
 
 
