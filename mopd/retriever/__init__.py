@@ -21,11 +21,11 @@ from mopd.retriever.encoders import EncoderUnavailable
 from mopd.retriever.identity import BUNDLED, NoRetriever, index_dir_of, index_fingerprint, retriever_identity
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
 from mopd.retriever.index_store import INDEX_KINDS
+from mopd.retriever.local import LocalRetriever
 from mopd.retriever.passage import Passage, format_passages
 
 if TYPE_CHECKING:
     from mopd.config import RetrieverConfig
-    from mopd.retriever.local import LocalRetriever
 
 
 @runtime_checkable
@@ -37,8 +37,6 @@ class Retriever(Protocol):
 
 def open_retriever(index_dir, **kwargs) -> LocalRetriever:
     """An in-process retriever over ``index_dir``; see :class:`mopd.retriever.local.LocalRetriever`."""
-    from mopd.retriever.local import LocalRetriever
-
     return LocalRetriever(index_dir, **kwargs)
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from mopd.core.atomic import atomic_open, atomic_write_json
 from mopd.retriever.index_errors import IndexDirError
+from mopd.retriever.index_faiss import (check_flat_size, import_faiss, mem_available, mmap_flat_flag,
+                                        read_header)
 
 RECORD = "mopd_assemble.json"
 BLOCK = 16 << 20
@@ -171,8 +173,6 @@ def concatenate(parts: list[Path], dest: Path, checksums: dict[str, str], checke
 def verify_index(path: Path) -> tuple[int, int]:
     """(vectors, dimension) of an assembled FAISS file; its header must be one faiss reads and, for a
     flat index, its size the one the header implies."""
-    from mopd.retriever.index_faiss import check_flat_size, import_faiss, mem_available, mmap_flat_flag, read_header
-
     header = read_header(path)
     if header.flat:
         check_flat_size(header, path)

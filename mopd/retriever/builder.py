@@ -26,8 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.retriever import encoders
 from mopd.retriever.corpus import Corpus
+from mopd.retriever.encoders import ENCODERS
+from mopd.retriever.index_bm25 import BM25Index
 from mopd.retriever.index_errors import IndexDirError
+from mopd.retriever.index_faiss import HNSW_M, TRAIN_SAMPLE, FaissIndex, build_faiss
 from mopd.retriever.index_store import (
     DENSE_KINDS,
     META_FILE,
@@ -37,6 +41,7 @@ from mopd.retriever.index_store import (
     read_meta,
     write_meta,
 )
+from mopd.retriever.index_torch import VECTORS_FILE
 
 log = logging.getLogger(__name__)
 BUILD_DIR = "build"
@@ -143,8 +148,6 @@ def build_index(corpus_path, out_dir, spec: IndexSpec = IndexSpec(), *, progress
             pfile.write_text(json.dumps(params, indent=2))
         t0 = time.time()
         if index_kind == "bm25":
-            from mopd.retriever.index_bm25 import BM25Index
-
             _say(f"indexing {n} passages with BM25", progress)
             index = BM25Index.build(corpus.iter_contents(0, n), n)
             index.write(out)
@@ -200,8 +203,6 @@ def index_bytes(kind: str, n: int, dim: int) -> int:
     """Disk size of a finished dense index of ``n`` vectors: float32 vectors for flat and torch
     (n x dim x 4: wiki-18 with E5 is 21,015,324 x 768 x 4 = 64.6 GB), one byte per dimension plus an
     int64 id for IVF-SQ8, the vectors plus the base layer's 2 x M int32 links for HNSW."""
-    from mopd.retriever.index_faiss import HNSW_M
-
     if kind in ("flat", "torch"):
         return n * dim * 4
     if kind == "ivf":
@@ -216,8 +217,6 @@ def _check_disk(out: Path, build: Path, kind: str, n: int, spec: IndexSpec, prog
 
     Encoded chunks (float32, n x dim x 4 bytes in all) stay in ``build/`` until the index is
     assembled from them, so the peak is the chunks still to encode plus the finished index."""
-    from mopd.retriever.encoders import ENCODERS
-
     dim = ENCODERS[spec.encoder].dim
     total = _n_chunks(n, spec.chunk_size)
     todo = [i for i in range(total) if not _chunk_path(build, i).is_file()]
@@ -246,8 +245,6 @@ def _n_chunks(n: int, chunk_size: int) -> int:
 
 
 def _encode_chunks(corpus: Corpus, n: int, build: Path, spec: IndexSpec, enc_path, progress: bool) -> int:
-    from mopd.retriever.encoders import ENCODERS, load_encoder
-
     enc_name, chunk_size = spec.encoder, spec.chunk_size
 
     total = _n_chunks(n, chunk_size)
@@ -258,11 +255,10 @@ def _encode_chunks(corpus: Corpus, n: int, build: Path, spec: IndexSpec, enc_pat
         _say(f"resuming: {total - len(todo)} of {total} chunks already encoded in {build}", progress)
     if not todo:
         return ENCODERS[enc_name].dim
-    encoder = load_encoder(enc_name, enc_path, spec.device, spec.batch_size)
+    # encoders.load_encoder and .replicate are looked up when called (tests stand in for them)
+    encoder = encoders.load_encoder(enc_name, enc_path, spec.device, spec.batch_size)
     if spec.devices:
-        from mopd.retriever.encoders import replicate
-
-        encoder = replicate(encoder, spec.devices)
+        encoder = encoders.replicate(encoder, spec.devices)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -349,8 +345,6 @@ def _train_sample(build: Path, n: int, chunk_size: int, max_rows: int, seed: int
 def _assemble(kind: str, build: Path, n: int, chunk_size: int, dim: int, out: Path) -> None:
     assert kind in DENSE_KINDS
     if kind == "torch":
-        from mopd.retriever.index_torch import VECTORS_FILE
-
         tmp = out / (VECTORS_FILE + ".tmp.npy")
         vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
         for i, c in enumerate(_chunks(build, n, chunk_size)):
@@ -359,7 +353,6 @@ def _assemble(kind: str, build: Path, n: int, chunk_size: int, dim: int, out: Pa
         del vectors
         tmp.replace(out / VECTORS_FILE)
         return
-    from mopd.retriever.index_faiss import TRAIN_SAMPLE, FaissIndex, build_faiss
 
     sample = _train_sample(build, n, chunk_size, TRAIN_SAMPLE) if kind == "ivf" else None
     index = build_faiss(kind, dim, n, _chunks(build, n, chunk_size), sample)

@@ -10,7 +10,9 @@ before batching so each batch pads to a similar length, and the output is put ba
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,9 +228,6 @@ class EncoderPool:
     batch at a time."""
 
     def __init__(self, replicas: Sequence, min_slice: int = 8):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
         if not replicas:
             raise ValueError("EncoderPool needs at least one encoder")
         self.replicas = list(replicas)

@@ -19,8 +19,11 @@ import hashlib
 import json
 from pathlib import Path
 
+from mopd.retriever import bundled
 from mopd.retriever.bundled import BUNDLED_CORPUS
-from mopd.retriever.index_store import IndexMeta, read_meta
+from mopd.retriever.client import HttpRetriever
+from mopd.retriever.corpus import corpus_fingerprint
+from mopd.retriever.index_store import IndexMeta, data_files, file_lines, read_meta
 
 BUNDLED = "bundled"
 """The ``retriever.index`` value that asks for the bundled corpus's MiniLM flat index."""
@@ -43,8 +46,6 @@ def is_bundled(index: str) -> bool:
 
 def index_fingerprint(index_dir, meta: IndexMeta | None = None) -> str:
     """32 hex digits naming an index directory's contents (see the module docstring)."""
-    from mopd.retriever.index_store import data_files, file_lines
-
     index_dir = Path(index_dir)
     meta = meta or read_meta(index_dir)
     h = hashlib.sha256(json.dumps({k: getattr(meta, k) for k in META_KEYS}, sort_keys=True).encode())
@@ -55,8 +56,6 @@ def index_fingerprint(index_dir, meta: IndexMeta | None = None) -> str:
 def bundled_fingerprint() -> str:
     """The bundled index's fingerprint without building it: the corpus's content and the index spec
     it is always built with (MiniLM, flat)."""
-    from mopd.retriever.corpus import corpus_fingerprint
-
     return hashlib.sha256(f"bundled-minilm-flat\0{corpus_fingerprint(BUNDLED_CORPUS)}".encode()).hexdigest()[:32]
 
 
@@ -66,9 +65,7 @@ def index_dir_of(cfg) -> Path:
     if not cfg.index.strip():
         raise NoRetriever(NO_RETRIEVER)
     if is_bundled(cfg.index):
-        from mopd.retriever.bundled import bundled_index
-
-        return bundled_index()
+        return bundled.bundled_index()
     return Path(cfg.index).expanduser()
 
 
@@ -80,8 +77,6 @@ def retriever_identity(cfg, health: dict | None = None) -> dict:
     :class:`mopd.retriever.RetrieverUnavailable` for a server that does not answer."""
     if cfg.kind == "http":
         if health is None:
-            from mopd.retriever.client import HttpRetriever
-
             health = HttpRetriever.for_config(cfg, quick=True).health()
         fp = health.get("fingerprint") if isinstance(health, dict) else None
         return {"kind": "http", "url": cfg.url.rstrip("/").removesuffix("/retrieve"), "fingerprint": fp}

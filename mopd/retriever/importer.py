@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mopd.retriever import index_faiss
 from mopd.retriever.corpus import Corpus
+from mopd.retriever.encoders import ENCODERS
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
-from mopd.retriever.index_faiss import check_flat_size, read_header
+from mopd.retriever.index_faiss import check_flat_size, check_memory, import_faiss, read_header
 from mopd.retriever.index_store import IndexMeta, data_hash, write_meta
 
 
 def faiss_kind(index) -> str:
-    from mopd.retriever.index_faiss import import_faiss
-
     faiss = import_faiss()
 
     if isinstance(index, faiss.IndexFlat):
@@ -38,10 +38,8 @@ def _read_for_import(faiss, path: Path, header):
     A flat index is memory-mapped where faiss can (IO_FLAG_MMAP_IFC); where it cannot, the header
     (read above, the size checked) stands in for it instead of reading 65 GB into RAM. IVF inverted
     lists are memory-mapped (IO_FLAG_MMAP); anything else is read whole if it fits in memory."""
-    from mopd.retriever.index_faiss import check_memory, mmap_flat_flag
-
     if header.flat:
-        flag = mmap_flat_flag(faiss)
+        flag = index_faiss.mmap_flat_flag(faiss)      # looked up when called: tests stand in for it
         if flag is not None:
             return faiss.read_index(str(path), flag)
         stub = faiss.IndexFlat(header.d, header.metric_type)      # type, d, metric: what import needs
@@ -55,11 +53,8 @@ def _read_for_import(faiss, path: Path, header):
 
 def import_index(corpus_path, faiss_index, out_dir, encoder: str = "e5", encoder_path: str | None = None,
                  progress: bool = False) -> Path:
-    from mopd.retriever.index_faiss import import_faiss
-
     faiss = import_faiss()
 
-    from mopd.retriever.encoders import ENCODERS
 
     if encoder not in ENCODERS:
         raise IndexDirError(f"unknown encoder {encoder!r}; choose one of {sorted(ENCODERS)}")

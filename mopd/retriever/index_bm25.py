@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.retriever.index_errors import IndexDirError
+
 BM25_DIR = "bm25"
 
 
@@ -60,7 +62,6 @@ class BM25Index:
     def load(cls, index_dir: Path, **_) -> BM25Index:
         import bm25s
 
-        from mopd.retriever.index_errors import IndexDirError
 
         d = Path(index_dir) / BM25_DIR
         try:

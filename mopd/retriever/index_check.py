@@ -14,7 +14,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from mopd.retriever.corpus import Corpus, corpus_fingerprint
+from mopd.retriever.encoders import ENCODERS
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+from mopd.retriever.index_faiss import check_flat_size, read_header
 from mopd.retriever.index_store import DENSE_KINDS, IndexMeta, check_compatible, check_kind, data_hash
 
 REBUILD = "rebuild it with `mopd retriever build-index` (or import it again)"
@@ -22,8 +27,6 @@ REBUILD = "rebuild it with `mopd retriever build-index` (or import it again)"
 
 def check_encoder_dim(meta: IndexMeta, index_dir) -> None:
     """A dense index's encoder is known and makes vectors of the index's dimension."""
-    from mopd.retriever.encoders import ENCODERS
-
     if meta.kind == "bm25":
         return
     if meta.encoder not in ENCODERS:
@@ -38,8 +41,6 @@ def check_encoder_dim(meta: IndexMeta, index_dir) -> None:
 def check_corpus(meta: IndexMeta, index_dir, corpus_path: str | None = None) -> None:
     """The corpus file is the one the index was built from (its fingerprint), read without building
     its row table."""
-    from mopd.retriever.corpus import Corpus, corpus_fingerprint
-
     path = Path(corpus_path or meta.corpus_path).expanduser()
     if not path.is_file():
         Corpus(path)                     # its own one-line error (missing, ...)
@@ -84,8 +85,6 @@ def check_opened(meta: IndexMeta, index_dir, index, corpus_rows: int) -> None:
 
 
 def _check_faiss_file(meta: IndexMeta, path: Path) -> None:
-    from mopd.retriever.index_faiss import check_flat_size, read_header
-
     if not path.is_file():
         raise IndexDirError(f"{path} is missing: the index has no vectors; {REBUILD}")
     header = read_header(path)
@@ -97,8 +96,6 @@ def _check_faiss_file(meta: IndexMeta, path: Path) -> None:
 
 
 def _check_vectors(meta: IndexMeta, path: Path) -> None:
-    import numpy as np
-
     if not path.is_file():
         raise IndexDirError(f"{path} is missing: the index has no vectors; {REBUILD}")
     try:
@@ -124,8 +121,6 @@ BM25_ARRAYS = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.
 
 
 def _check_bm25(meta: IndexMeta, d: Path) -> None:
-    import numpy as np
-
     for name in BM25_JSON + BM25_ARRAYS:
         if not (d / name).is_file():
             raise IndexDirError(f"{d / name} is missing: the BM25 index is incomplete; {REBUILD}")

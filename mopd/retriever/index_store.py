@@ -13,6 +13,7 @@ Every index object answers ``search(vectors_or_texts, k) -> (ids int64 [Q, k], s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -23,7 +24,11 @@ from typing import Protocol
 import numpy as np
 
 from mopd.core.atomic import atomic_write_json
+from mopd.core.fingerprint import file_sample_hash
+from mopd.retriever.index_bm25 import BM25Index
 from mopd.retriever.index_errors import IndexDirError, IndexMismatch
+from mopd.retriever.index_faiss import FaissIndex
+from mopd.retriever.index_torch import TorchIndex
 
 META_FILE = "meta.json"
 INDEX_DATA = ("index.faiss", "vectors.npy")
@@ -114,8 +119,6 @@ def data_files(index_dir, meta: IndexMeta) -> list[Path]:
 
 def file_lines(index_dir, files: Sequence[Path]) -> str:
     """``name\0sampled-hash`` lines of ``files`` (names relative to ``index_dir`` where inside it)."""
-    from mopd.core.fingerprint import file_sample_hash
-
     index_dir = Path(index_dir)
     out = []
     for f in files:
@@ -127,8 +130,6 @@ def file_lines(index_dir, files: Sequence[Path]) -> str:
 def data_hash(index_dir, meta: IndexMeta) -> str:
     """32 hex digits of the index's data files' names and sampled contents (milliseconds, even for
     a 65 GB flat index: :func:`mopd.core.fingerprint.file_sample_hash`)."""
-    import hashlib
-
     return hashlib.sha256(file_lines(index_dir, data_files(index_dir, meta)).encode()).hexdigest()[:32]
 
 
@@ -154,17 +155,14 @@ def open_index(index_dir: Path, meta: IndexMeta, kind: str | None = None, device
     if kind == "bm25" or meta.kind == "bm25":
         if kind != meta.kind:
             raise IndexDirError(f"{index_dir} holds a {meta.kind} index; it cannot be searched as {kind}")
-        from mopd.retriever.index_bm25 import BM25Index
 
         return BM25Index.load(index_dir)
     if kind == "torch":
         if meta.kind not in ("torch", "flat"):
             raise IndexDirError(f"the torch index needs raw vectors (a torch or flat index); {index_dir} is {meta.kind}")
-        from mopd.retriever.index_torch import TorchIndex
 
         return TorchIndex.load(index_dir, device=device, index_file=meta.index_file or None)
     if kind != meta.kind:
         raise IndexDirError(f"{index_dir} holds a {meta.kind} index; it cannot be searched as {kind}")
-    from mopd.retriever.index_faiss import FaissIndex
 
     return FaissIndex.load(index_dir, kind=kind, gpu=faiss_gpu, index_file=meta.index_file or None)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.retriever.index_faiss import INDEX_FILE, flat_vectors
+
 VECTORS_FILE = "vectors.npy"
 
 
@@ -81,7 +83,5 @@ class TorchIndex:
         if p.is_file() and not index_file:
             vectors = np.load(p, mmap_mode="c")  # copy-on-write map: writable for torch, never copied
         else:  # a flat FAISS file (ours or an imported one): read its vectors out of it
-            from mopd.retriever.index_faiss import INDEX_FILE, flat_vectors
-
             vectors = flat_vectors(index_file or Path(index_dir) / INDEX_FILE)
         return cls(vectors, device=device or "cpu")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mopd.retriever import encoders
 from mopd.retriever.corpus import Corpus
+from mopd.retriever.identity import index_fingerprint
 from mopd.retriever.index_check import check_data_files, check_encoder_dim, check_opened
 from mopd.retriever.index_errors import IndexDirError
 from mopd.retriever.index_store import IndexMeta, check_compatible, open_index, read_meta
@@ -45,10 +47,8 @@ class LocalRetriever:
         check_opened(self.meta, self.index_dir, self.index, len(self.corpus))
         self.encoder = None
         if not self.index.needs_text:
-            from mopd.retriever.encoders import load_encoder
-
-            self.encoder = load_encoder(self.meta.encoder, encoder_path or self.meta.encoder_path or None,
-                                        device, batch_size)
+            self.encoder = encoders.load_encoder(self.meta.encoder, encoder_path or self.meta.encoder_path or None,
+                                                 device, batch_size)   # looked up when called: tests stand in for it
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
 
@@ -63,8 +63,6 @@ class LocalRetriever:
     def fingerprint(self) -> str:
         """The index's fingerprint (:func:`mopd.retriever.identity.index_fingerprint`), computed once."""
         if self._fingerprint is None:
-            from mopd.retriever.identity import index_fingerprint
-
             self._fingerprint = index_fingerprint(self.index_dir, self.meta)
         return self._fingerprint
 
