@@ -40,9 +40,12 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mopd.core.atomic import atomic_write_text
-from mopd.core.model_dir import remote_code_trusted
+from mopd.core.model_dir import model_dir_problem, remote_code_trusted
+from mopd.train.export_target import (EXPORT_MARKER, NEW_PREFIX, ExportTargetError, check_export_target,
+                                      install_export, marker, repair_export, run_of)
 from mopd.train.manifest import FORMAT, verify_checkpoint, write_manifest
 from mopd.train.safe_load import UnsafeCheckpointFile, dcp_load, load_rng_file, read_dcp_metadata
 
@@ -431,8 +434,6 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict) -> Pat
     (:func:`mopd.train.export_target.install_export`): at every instant the target holds the
     earlier export or the new one, or, where the filesystem cannot exchange two directories, what
     the next export or ``mopd export --repair`` puts back."""
-    from mopd.train.export_target import EXPORT_MARKER, NEW_PREFIX, install_export, repair_export
-
     out = Path(out_dir)
     sd = full_model_state_dict(model)
     if _rank() == 0:
@@ -454,8 +455,6 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict) -> Pat
 def recorded_base_model(src: Path) -> str | None:
     """The base model a run (or step directory) was trained from: run.json's ``model.path``, else
     the newest readable checkpoint's trainer_state.json."""
-    from mopd.train.export_target import run_of
-
     run = run_of(src)
     try:
         path = json.loads((run / "run.json").read_text())["config"]["model.path"]
@@ -485,11 +484,6 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     model the run recorded (:func:`recorded_base_model`). ``out_dir`` is checked first
     (:func:`mopd.train.export_target.check_export_target`): nothing loads if it cannot be written.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mopd.core.model_dir import model_dir_problem
-    from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export, run_of
-
     src = Path(ckpt_dir)
     if not src.is_dir():
         raise CheckpointError(f"{src} does not exist (expected a run directory or RUN/checkpoints/step_N)")

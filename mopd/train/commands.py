@@ -168,7 +168,7 @@ def _export(args) -> int:
     from mopd.core.model_dir import trust_remote_code
     from mopd.train.checkpoint import CheckpointError, export_checkpoint
     from mopd.train.export_target import run_of
-    from mopd.train.run_lock import RunLock, RunLocked
+    from mopd.core.run_lock import RunLock, RunLocked
 
     trust_remote_code(args.trust_remote_code)
     run = run_of(args.checkpoint)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from typing import Callable, Optional
 
@@ -63,8 +64,6 @@ def init_distributed() -> bool:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -13,13 +13,17 @@ whatever an interrupted export left beside the target is put back or removed by
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from mopd.core.model_dir import is_run_directory
 from mopd.core.out_path import out_dir_problem
+from mopd.train.run_dir import RUN_ENTRIES
 
 EXPORT_MARKER = "mopd_export.json"
 
@@ -45,8 +49,6 @@ def _inside(child: Path, parent: Path) -> bool:
 
 def check_export_target(out_dir: str | os.PathLike, run_dir: str | os.PathLike, flag: str = "--out") -> None:
     """Raise :class:`ExportTargetError` unless an export of ``run_dir`` may write ``out_dir``."""
-    from mopd.train.run_dir import RUN_ENTRIES
-
     out, run = Path(out_dir), Path(run_dir)
     problem = out_dir_problem(out)
     if problem:
@@ -136,8 +138,6 @@ def install_export(tmp: str | os.PathLike, out_dir: str | os.PathLike) -> None:
     hidden ``.NAME.export-old-*`` folder first and the new one renamed in; an exception between
     the two puts the old one back, and a kill there leaves what :func:`repair_export` (run by the
     next export, or ``mopd export --repair``) puts back."""
-    import tempfile
-
     tmp, out = Path(tmp), Path(out_dir)
     if out.exists() and _exchange(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)
@@ -160,9 +160,6 @@ def install_export(tmp: str | os.PathLike, out_dir: str | os.PathLike) -> None:
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE); False where the C
     library or the filesystem has no such call."""
-    import ctypes
-    import errno
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2

@@ -24,6 +24,7 @@ Estimates, not measurements: they are meant to refuse what cannot fit and to sho
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -352,8 +353,6 @@ def rollout_config_for_gpu(cfg, world: int, device=None):
     leaves it empty, and a line saying what was chosen; ``cfg.rollout`` itself and ``""`` for
     another engine, a share that is set, or no CUDA (vLLM's CPU build sizes its KV cache itself).
     Raises :class:`PlanError` when the share the plan leaves holds no call's KV cache."""
-    import dataclasses
-
     import torch
 
     r = cfg.rollout

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
+from mopd.train.run_dir import record_wandb_run, wandb_run
+
 
 class MetricsLogger:
     """Appends one JSON line per step to ``<run>/metrics.jsonl`` and events to ``events.jsonl``.
@@ -42,7 +44,6 @@ class MetricsLogger:
                 import wandb
             except ImportError:
                 raise RuntimeError("trainer.wandb_project needs wandb: pip install wandb") from None
-            from mopd.train.run_dir import record_wandb_run, wandb_run
 
             known = wandb_run(self.run_dir)
             resume_id = known["id"] if known and known.get("project") == wandb_project else None

@@ -39,6 +39,10 @@ from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 VARLEN = "mopd_varlen"
 FLEX = "mopd_flex"
@@ -90,8 +94,6 @@ def document_block_mask(lengths, device: torch.device):
     The block-count dimensions are marked dynamic, so the first compile already serves every
     row length (left static, a row with another number of blocks recompiles, and torch 2.13's
     CPU recompile can fail as above)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     total = int(sum(lengths))
     padded = flex_length(total)
     seq = torch.repeat_interleave(torch.arange(len(lengths) + 1, device=device),
@@ -215,8 +217,6 @@ def run_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Packed
 def compiled_flex() -> Callable:
     """flex_attention compiled once for all row lengths (dynamic shapes: a different L per
     micro-batch would otherwise recompile every time; about 9 s once on a 2-core CPU)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=True)
 
 
@@ -263,8 +263,6 @@ def _attention_function(kernel: Callable) -> Callable:
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         layout = kwargs.pop(LAYOUT_KWARG, None)
         if layout is None:
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
         if query.shape[0] != 1:
@@ -283,9 +281,6 @@ KERNELS = {VARLEN: _varlen, FLEX: _flex, SEGMENTS: _segments}
 def register() -> None:
     """Make our names known to transformers (idempotent). Their masks are SDPA's, for calls
     without a layout; a packed call passes ``NO_MASK`` and builds none."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     for name, kernel in KERNELS.items():
         AttentionInterface.register(name, _attention_function(kernel))
         AttentionMaskInterface.register(name, sdpa_mask)

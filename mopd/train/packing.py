@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+from mopd_kernels import LossInputs
 
 
 def pack_sequences(lengths: Sequence[int], budget: int) -> List[List[int]]:
@@ -85,8 +86,6 @@ class PackedBatch:
 
     def loss_inputs(self):
         """The per-token inputs of the fused loss (``mopd_kernels.LossInputs``), once scored."""
-        from mopd_kernels import LossInputs
-
         if self.old_logp is None:
             raise ValueError("the micro-batch has no old_logp yet: score it before computing the loss")
         return LossInputs(roles=self.roles, old_logp=self.old_logp, advantages=self.advantages,

@@ -8,9 +8,19 @@ policy that stops searching would train on without noticing that retrieval is do
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from datetime import timedelta
 from pathlib import Path
+
+from mopd.core.errors import UserError
+from mopd.core.model_dir import model_dir_problem
+from mopd.core.model_weights import tokenizer_length, weights_problem
+from mopd.core.qa import DataError, load_questions
+from mopd.retriever import HttpRetriever, RetrieverUnavailable
+from mopd.retriever.identity import NO_RETRIEVER, is_bundled
+from mopd.retriever.index_check import check_index
+from mopd.retriever.index_store import read_meta
 
 
 class PreflightError(ValueError):
@@ -26,13 +36,11 @@ def check_model_path(key: str, path: str) -> None:
     if p.exists():
         if not p.is_dir():
             raise PreflightError(f"{key}={path} is a file; it must be a model directory (config.json, weights)")
-        from mopd.core.model_dir import model_dir_problem
 
         problem = model_dir_problem(p)
         if problem:
             raise PreflightError(f"{key}={path}: {problem}" if problem.startswith("this is") else
                                  f"{key}={path} {problem}")
-        from mopd.core.model_weights import tokenizer_length, weights_problem
 
         # a truncated safetensors file, a config.json of another size, more tokens than embedding rows
         problem = weights_problem(p, tokenizer_length(p))
@@ -51,8 +59,6 @@ def check_questions(key: str, path: str, skip_malformed: bool = False) -> int:
 
 
 def _questions(key: str, path: str, skip_malformed: bool = False) -> list:
-    from mopd.core.qa import DataError, load_questions
-
     if not path:
         raise PreflightError(f"{key} is empty: set {key}=FILE (FlashRAG .jsonl or Search-R1 .parquet)")
     try:
@@ -89,8 +95,6 @@ def check_retriever(cfg) -> None:
     an in-process one must name an index directory that exists, or ``bundled``: no retriever
     setting is refused, never a silent bundled corpus of invented passages."""
     if cfg.kind != "http":
-        from mopd.retriever.identity import NO_RETRIEVER, is_bundled
-
         if not cfg.index.strip():
             raise PreflightError(NO_RETRIEVER)
         if not is_bundled(cfg.index) and not Path(cfg.index).expanduser().is_dir():
@@ -99,7 +103,6 @@ def check_retriever(cfg) -> None:
         if not is_bundled(cfg.index):
             check_index_dir(cfg.index)
         return
-    from mopd.retriever import HttpRetriever, RetrieverUnavailable
 
     try:
         HttpRetriever.for_config(cfg, quick=True).health()
@@ -110,10 +113,6 @@ def check_retriever(cfg) -> None:
 def check_index_dir(index: str) -> None:
     """The index's meta.json, data files, encoder and corpus agree (``mopd.retriever.index_check``,
     milliseconds): an index of another corpus, or damaged, is refused before a model loads."""
-    from mopd.core.errors import UserError
-    from mopd.retriever.index_check import check_index
-    from mopd.retriever.index_store import read_meta
-
     index_dir = Path(index).expanduser()
     try:
         check_index(read_meta(index_dir), index_dir)
@@ -217,8 +216,6 @@ def check_shared_dir(key: str, path: str, rank: int, world: int, store, prefix: 
     ``path``: a node whose ``path`` is another directory (a local disk, another mount) is refused in
     one line, on that rank and on rank 0. The token file is removed afterwards (and ``path`` with
     it, when this check made it and it is still empty)."""
-    import secrets
-
     d = Path(path).expanduser()
     token_file, host = d / SHARED_CHECK_FILE, socket.gethostname()
     base = f"{prefix}/{key}"

@@ -27,8 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from mopd.config import to_dict
 from mopd.core.atomic import atomic_write_text
 from mopd.core.fingerprint import data_fingerprint, model_fingerprint
+from mopd.retriever import IndexDirError, NoRetriever, RetrieverUnavailable, retriever_identity
 
 RUN_FILE = "run.json"
 RUN_ENTRIES = ("run.json", "config.yaml", "metrics.jsonl", "events.jsonl", "checkpoints", "training.png", "tb",
@@ -66,8 +70,6 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 def run_identity(cfg) -> dict:
     """The resolved config and the fingerprints that say what this run trains."""
-    from mopd.config import to_dict
-
     conf = flatten(to_dict(cfg))
     ident = {"config": conf, "model": model_fingerprint(cfg.model.path)}
     teacher = conf.get("teacher.path") or ""
@@ -84,8 +86,6 @@ def retriever_record(cfg) -> dict:
     """The retriever's identity (:func:`mopd.retriever.identity.retriever_identity`); one that cannot
     be read (no retriever, no index there, a server that does not answer: what preflight refuses
     before a run starts) is recorded with ``fingerprint: None``."""
-    from mopd.retriever import IndexDirError, NoRetriever, RetrieverUnavailable, retriever_identity
-
     try:
         return retriever_identity(cfg)
     except (NoRetriever, IndexDirError, RetrieverUnavailable, OSError):
@@ -173,8 +173,6 @@ def recorded_identity(out_dir: Path) -> dict | None:
             raise RunDirError(f"{f} is not valid JSON ({e}); move it away to start afresh") from None
     y = out_dir / "config.yaml"
     if y.is_file():
-        from omegaconf import OmegaConf
-
         try:
             conf = OmegaConf.to_container(OmegaConf.load(y))
         except Exception as e:  # noqa: BLE001 (yaml or omegaconf errors: say so, do not compare with nothing)

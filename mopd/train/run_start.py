@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mopd.core.out_path import out_dir_problem
+from mopd.core.run_lock import RunLock, RunLocked
+from mopd.train.disk_space import checkpoint_bytes, free_space_problem
+from mopd.train.export_target import ExportTargetError, check_export_target
+from mopd.train.run_dir import RunDirError, prepare_run_dir, present_entries
+
 
 class RunCommandError(ValueError):
     """The run directory or an output path of `mopd train` cannot be used (one line)."""
@@ -18,10 +24,6 @@ class RunCommandError(ValueError):
 def check_run_outputs(cfg, export_dir: str | None = None) -> None:
     """Before anything is written: trainer.out_dir is a writable directory (and its checkpoints/)
     with room for a checkpoint, and --export may write its directory."""
-    from mopd.core.out_path import out_dir_problem
-    from mopd.train.disk_space import checkpoint_bytes, free_space_problem
-    from mopd.train.export_target import ExportTargetError, check_export_target
-
     out = cfg.trainer.out_dir
     check_not_a_model_dir(cfg)
     problem = out_dir_problem(out, inner=("checkpoints",))
@@ -53,8 +55,6 @@ def check_not_a_model_dir(cfg) -> None:
 def resume_or_refuse(cfg, resume: bool, resume_or_start: bool) -> bool:
     """Whether this start resumes: --resume needs a run in trainer.out_dir (a mistyped path must not
     silently train from step 0); --resume-or-start resumes one if it is there."""
-    from mopd.train.run_dir import present_entries
-
     if not (resume or resume_or_start):
         return False
     out = Path(cfg.trainer.out_dir)
@@ -68,8 +68,6 @@ def resume_or_refuse(cfg, resume: bool, resume_or_start: bool) -> bool:
 
 
 def lock_run(run_dir, purpose: str):
-    from mopd.train.run_lock import RunLock, RunLocked
-
     try:
         return RunLock(run_dir, purpose)
     except RunLocked as e:
@@ -77,8 +75,6 @@ def lock_run(run_dir, purpose: str):
 
 
 def prepare_run(cfg, resume: bool, overwrite: bool, allow_changed=()):
-    from mopd.train.run_dir import RunDirError, prepare_run_dir
-
     try:
         return prepare_run_dir(cfg, resume=resume, overwrite=overwrite, allow_changed=allow_changed)
     except RunDirError as e:

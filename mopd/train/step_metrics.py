@@ -10,10 +10,12 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, Sequence
 
 import torch
+from mopd_kernels import stats_to_floats
 
 from mopd.algo.diagnostics import batch_diagnostics
 from mopd.algo.rewards import team_em
 from mopd.core.roles import role_names
+from mopd.train.packing import padding_fraction
 
 
 class PhaseTimer:
@@ -51,8 +53,6 @@ class LossStats:
 
     def add_micro_batch(self, stats) -> None:
         """The kernel's per-role stats of one micro-batch (one host transfer)."""
-        from mopd_kernels import stats_to_floats
-
         flat = stats_to_floats(stats, list(role_names()))
         for role in role_names():
             n = flat.get(f"{role}/tokens", 0.0)
@@ -93,8 +93,6 @@ def step_metrics(records: Sequence, rewards: Sequence, batches: Sequence, losses
                  timer: PhaseTimer, scoring_passes: int) -> Dict[str, float]:
     """The metrics line of one step. ``scoring_passes``: forwards per token in the scoring phase
     (recomputed pi_old, teacher, reference)."""
-    from mopd.train.packing import padding_fraction
-
     t = timer.seconds
     n_tok = sum(b.num_tokens for b in batches)
     n_gen = sum(c.output_tokens for r in records for c in r.calls)

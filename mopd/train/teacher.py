@@ -14,6 +14,7 @@ import os
 from typing import NamedTuple, Optional
 
 import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 from mopd.train.model import PackedCausalLM, check_same_tokenizer, load_causal_lm, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
@@ -30,8 +31,6 @@ class Teacher:
         self.scorer = PackedCausalLM(self.model)
         if shard:
             if cpu_offload:
-                from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
                 for layer in self.model.model.layers:
                     fully_shard(layer, offload_policy=CPUOffloadPolicy())
                 fully_shard(self.scorer, offload_policy=CPUOffloadPolicy())

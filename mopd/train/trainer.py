@@ -14,21 +14,36 @@ trained tokens of the mini-batch (all-reduced), and gradients are summed over ra
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, set_compiled_cpu_rows
 from torch.distributed.checkpoint.api import CheckpointException
+from tqdm import tqdm
 
 from mopd.algo.advantages import role_specs, step_advantages
+from mopd.algo.critic import judge_items, judge_reports, verdicts_by_call
+from mopd.algo.rewards import role_reward_objects
 from mopd.config import ROLLOUT_LOGPROBS_BF16, Config, ConfigError, to_dict, to_yaml
 from mopd.core.errors import Interrupted
-from mopd.core.roles import role_names
+from mopd.core.qa import load_questions
+from mopd.core.roles import role_id, role_names
+from mopd.eval.metrics import validation_counts, validation_metrics
+from mopd.retriever import RetrieverUnavailable, load_retriever
+from mopd.rollout.async_scheduler import run_rollout
+from mopd.rollout.chat import check_chat_template
+from mopd.rollout.context import fit_context
+from mopd.rollout.engine import capabilities_of
+from mopd.rollout.engines import build_engine
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.train import checkpoint as ckpt
+from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
 from mopd.train.distributed import all_reduce, init_distributed, leave_process_group, rank_and_world
+from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export
 from mopd.train.learning_signal import (ALL_INVALID, all_invalid, counts_tensor, invalid_fractions, logprob_gap_sums,
                                         no_signal_reason, role_call_counts, role_fractions, signal_token_counts)
 from mopd.train.metrics_log import MetricsLogger, plot_training
@@ -36,9 +51,15 @@ from mopd.train.model_checks import model_notices
 from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
 from mopd.train.interrupts import StopSignals
+from mopd.train.memory_plan import PlanError, rollout_config_for_gpu, shard_frozen_models
+from mopd.train.partial_scoring import score_needed
+from mopd.train.run_dir import truncate_metrics
 from mopd.train.sampler import QuestionSampler
 from mopd.train.step_batches import StepBatches, pack_records
 from mopd.train.step_metrics import LossStats, PhaseTimer, step_metrics
+from mopd.train.teacher import load_frozen_models
+from mopd.train.token_trace import append_traces, trace_lines
+from mopd.train.weight_sync import refresh_engine, release_engine
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +79,6 @@ class PolicyTrainer:
         cfg.check_trainable()
         self._owns_process_group = init_distributed()
         self.rank, self.world = rank_and_world()
-        from mopd.rollout.context import fit_context
 
         cfg = fit_context(cfg, cfg.model.path, log=print if self.rank == 0 else (lambda _: None))
         self.cfg = cfg
@@ -75,7 +95,6 @@ class PolicyTrainer:
         self.model, self.tokenizer = load_causal_lm(
             cfg.model.path, dtype=master_dtype(cfg.model.dtype, self.device, self.sharded),
             device=self.device, attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
-        from mopd.rollout.chat import check_chat_template
 
         check_chat_template(self.tokenizer, cfg.model.chat_template_kwargs, name=cfg.model.path)
         self.model.train()
@@ -86,8 +105,6 @@ class PolicyTrainer:
         elif cfg.model.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.loss = _loss_head(cfg)
-        from mopd.train.memory_plan import shard_frozen_models
-        from mopd.train.teacher import load_frozen_models
 
         # Replicated in bf16 on every GPU when the memory plan fits that way (no all-gathers while scoring).
         self.frozen_sharded = self.sharded and shard_frozen_models(cfg, self.world)
@@ -103,13 +120,9 @@ class PolicyTrainer:
         """What the memory plan chose for vLLM's GPU share (empty when nothing was chosen)."""
         self.engine = self._build_engine()
         if retriever is None:
-            from mopd.retriever import load_retriever
-
             retriever = load_retriever(cfg.retriever)
         self.retriever = retriever
-        if rollout_fn is None:
-            from mopd.rollout.async_scheduler import run_rollout as rollout_fn
-        self.rollout_fn = rollout_fn
+        self.rollout_fn = run_rollout if rollout_fn is None else rollout_fn
         """``run_workflows``-compatible: (engine, retriever, tokenizer, questions, settings, *,
         attempts, method, progress) -> records (with ``.stats``, a RolloutStats, when it has them);
         default: the asynchronous scheduler where it is the faster one (vLLM), else lock-step."""
@@ -147,8 +160,6 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ set-up helpers
     def _load_data(self) -> None:
-        from mopd.core.qa import load_questions
-
         cfg = self.cfg
         self.train_questions, rep = load_questions(cfg.data.train, skip_malformed=cfg.data.skip_malformed)
         self._skipped_rows = rep.skipped
@@ -160,9 +171,6 @@ class PolicyTrainer:
                                        cfg.trainer.seed, self.rank, self.world)
 
     def _build_engine(self):
-        from mopd.rollout.engine import capabilities_of
-        from mopd.rollout.engines import build_engine
-
         cfg = self.cfg
         # One process, one model: an engine that can sample from the very module being trained
         # does. FSDP ranks generate different workloads, which sharded forwards cannot do: there
@@ -183,8 +191,6 @@ class PolicyTrainer:
     def _engine_rollout_config(self):
         """``cfg.rollout`` with vLLM's GPU memory share from the memory plan of this GPU when it is left
         empty (``mopd.train.memory_plan.rollout_config_for_gpu``), said on rank 0 before vLLM starts."""
-        from mopd.train.memory_plan import PlanError, rollout_config_for_gpu
-
         if self.device.type == "cuda" and self.cfg.rollout.engine == "vllm":
             torch.cuda.empty_cache()   # what loading and sharding left cached is free for vLLM to count
         try:
@@ -197,8 +203,6 @@ class PolicyTrainer:
 
     def _refresh_engine(self) -> None:
         """The updated weights into the engine, streamed one parameter at a time, then its cache."""
-        from mopd.train.weight_sync import refresh_engine
-
         refresh_engine(self.engine, self.model, resolve_dtype(self.cfg.model.dtype, self.device))
 
     # ------------------------------------------------------------------ checkpoints
@@ -211,8 +215,6 @@ class PolicyTrainer:
                 "pending": None if self._pending is None else {k: float(v) for k, v in self._pending.items()}}
 
     def save(self) -> Path:
-        from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
-
         previous = ckpt.list_checkpoints(self.run_dir)
         try:
             path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.trainer_state(),
@@ -253,8 +255,6 @@ class PolicyTrainer:
         self.logger.event(self.step, "checkpoint_best", message, value=v)
 
     def resume(self) -> Optional[Path]:
-        from mopd.train.run_dir import truncate_metrics
-
         passed = []
 
         def skipped(p, why):
@@ -339,7 +339,6 @@ class PolicyTrainer:
         every = self.cfg.trainer.trace_every
         if self.rank != 0 or not every or (self.step + 1) % every:
             return
-        from mopd.train.token_trace import append_traces, trace_lines
 
         append_traces(self.run_dir, trace_lines(
             self.step + 1, records, step, role_specs(self.cfg.algo), rewards=rewards, advantages=advantages,
@@ -423,8 +422,6 @@ class PolicyTrainer:
 
     def _release_engine(self) -> None:
         """The engine frees its GPU memory (vLLM: sleep level 2) for scoring and training."""
-        from mopd.train.weight_sync import release_engine
-
         release_engine(self.engine, self.model)
 
     def score(self, records) -> StepBatches:
@@ -446,9 +443,6 @@ class PolicyTrainer:
     def _score_frozen(self, model, batch: PackedBatch, temp: float) -> Optional[torch.Tensor]:
         """A frozen model's log-probs on the calls whose roles read them (zeros elsewhere, unread):
         the teacher's for OPD roles, the reference's for KL roles, both when they are one model."""
-        from mopd.core.roles import role_id
-        from mopd.train.partial_scoring import score_needed
-
         if model is None:
             return None
         teacher, reference = self.frozen
@@ -501,11 +495,8 @@ class PolicyTrainer:
     def _judge(self, records) -> Optional[Dict]:
         """The prompted critic's verdicts on every Searcher report (the current policy judges), when a
         role's reward needs them."""
-        from mopd.algo.rewards import role_reward_objects
-
         if not any(r.needs_judge for r in role_reward_objects(self.cfg.reward).values()):
             return None
-        from mopd.algo.critic import judge_items, judge_reports, verdicts_by_call
 
         scores, self.unparsable_verdicts = judge_reports(self.engine, self.tokenizer, judge_items(records),
                                                           seed=self._step_seed())
@@ -530,8 +521,6 @@ class PolicyTrainer:
     def validate(self) -> Dict[str, float]:
         """``trainer.val_attempts`` workflows per dev question with the evaluation protocol
         (``cfg.eval``), scored by the evaluation code; ranks split the questions and add their counts."""
-        from mopd.eval.metrics import validation_counts, validation_metrics
-
         if not self.dev_questions:
             return {}
         settings = WorkflowSettings.for_evaluation(self.cfg, seed=VALIDATION_SEED + self.step)
@@ -665,7 +654,6 @@ class PolicyTrainer:
     def _progress_bar(self, target: int):
         if not self.progress:
             return None
-        from tqdm import tqdm
 
         return tqdm(total=target, initial=self.step, desc=f"train {self.cfg.method}", unit="step",
                     dynamic_ncols=True)
@@ -675,8 +663,6 @@ class PolicyTrainer:
         ("last") or of the best-validation checkpoint ("best", the paper's model selection; the
         current weights when no validation marked one). "best" loads those weights into the model:
         call it when training is over."""
-        from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export
-
         if which not in ("last", "best"):
             raise ValueError(f"export {which!r}: choose last or best")
         try:
@@ -732,8 +718,6 @@ def _loss_head(cfg: Config):
     """The fused PPO/OPD loss with this run's hyperparameters (role specs, clip, temperature). A
     training run is a long job: the compiled CPU row pass is worth its first-call compilation
     (``MOPD_KERNELS_COMPILE=0`` keeps the eager one)."""
-    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, set_compiled_cpu_rows
-
     set_compiled_cpu_rows(True)
     return FusedLinearPolicyLoss(PolicyLossSettings(
         role_specs=tuple(role_specs(cfg.algo)), clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high,
@@ -755,12 +739,8 @@ def _is_interrupt(e: BaseException) -> bool:
 
 def _stderr_line(line: str) -> None:
     """One line on stderr from a signal handler (os.write: a handler may run inside a print)."""
-    import os
-
     os.write(2, (line + "\n").encode())
 
 
 def _retriever_errors():
-    from mopd.retriever import RetrieverUnavailable
-
     return (RetrieverUnavailable,)

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from mopd.rollout.engine import capabilities_of
+
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 """Module names that wrappers (activation checkpointing, torch.compile, FSDP1) insert into
 parameter names; the engine knows the plain Hugging Face names."""
@@ -67,8 +69,6 @@ def stream_parameters(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
 def shares_model(engine, model: nn.Module) -> bool:
     """True when the engine samples from ``model`` itself (nothing to free or to copy): it declares
     that it can (``capabilities.shares_trainer_model``) and holds this very module."""
-    from mopd.rollout.engine import capabilities_of
-
     return capabilities_of(engine).shares_trainer_model and getattr(engine, "model", None) is model
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from mopd.cli import main
-from mopd.train.run_lock import RunLock
+from mopd.core.run_lock import RunLock
 from tests.reliability.runs import small_index, write_run
 
 
@@ -50,12 +50,12 @@ def test_export_of_a_run_in_use_is_refused(tiny_model_dir, tmp_path, capsys):
 
 def test_the_lock_goes_with_a_killed_process(tmp_path):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom mopd.train.run_lock import RunLock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom mopd.core.run_lock import RunLock\n"
                                f"lock = RunLock({str(out)!r}, 'mopd train'); print('held', flush=True); time.sleep(600)"],
                               stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     try:
         assert holder.stdout.readline().strip() == "held"
-        from mopd.train.run_lock import RunLocked
+        from mopd.core.run_lock import RunLocked
 
         with pytest.raises(RunLocked, match=f"pid {holder.pid} "):
             RunLock(out, "second")

@@ -127,7 +127,7 @@ def test_missing_index_directory(tiny_model_dir, qa_file, tmp_path, capsys):
 def test_failed_fresh_start_leaves_the_directory_free(tiny_model_dir, qa_file, tmp_path, capsys):
     import shutil
 
-    from mopd.train.run_lock import LOCK_FILE
+    from mopd.core.run_lock import LOCK_FILE
 
     model = tmp_path / "m"
     model.mkdir()
