@@ -68,6 +68,12 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from mopd_kernels import (Aggregation, Completions, FusedLinearGRPOLoss, PolicyLossSettings, RoleSpec,
+                          linear_logprobs)
+from mopd_kernels import __file__ as pkg_file
+from mopd_kernels.compiled_rows import set_compiled_cpu_rows
+from mopd_kernels.memtrack import TensorMemoryTracker
+
 DEFAULT_SHAPES = [(4096, 512, 32768), (8192, 256, 50257)]
 """bench/bench_loss_floor.py's ``base`` and ``large`` shapes."""
 VARIANTS = ("ours", "liger", "trl", "naive")
@@ -90,8 +96,6 @@ def batch_shape(T: int, seq_len: int) -> Tuple[int, int]:
 
 def make_inputs(T: int, H: int, V: int, dtype: torch.dtype, device: torch.device, seq_len: int,
                 temperature: float, seed: int = 0) -> dict:
-    from mopd_kernels import linear_logprobs
-
     B, S = batch_shape(T, seq_len)
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(B, S, H, generator=g)
@@ -133,8 +137,6 @@ def _leaves(inp):
 
 
 def variant_ours(inp, liger_compiled):
-    from mopd_kernels import Aggregation, Completions, FusedLinearGRPOLoss, PolicyLossSettings, RoleSpec
-
     h, w = _leaves(inp)
     settings = PolicyLossSettings([RoleSpec(kl_coef=BETA, kl_type="k3")], clip_low=EPS_LOW, clip_high=EPS_HIGH,
                                   temperature=inp["temperature"])
@@ -221,8 +223,6 @@ def _sync(device):
 
 
 def _setup(a) -> Tuple[torch.device, dict]:
-    from mopd_kernels.compiled_rows import set_compiled_cpu_rows
-
     torch.set_num_threads(a.threads_one)
     set_compiled_cpu_rows(a.compiled)
     device = torch.device(a.device)
@@ -272,8 +272,6 @@ def child_time(a) -> dict:
         loads.append(os.getloadavg()[0])
     peaks = {}
     if a.memory == "tensors":
-        from mopd_kernels.memtrack import TensorMemoryTracker
-
         for name in a.variants:
             call, h, w = calls[name]
             gc.collect()
@@ -423,7 +421,6 @@ def main(argv=None) -> None:
         print("memory: /proc/self/clear_refs is missing (not Linux?): using --memory tensors", flush=True)
         a.memory = "tensors"
     variants = available_variants(asked)
-    from mopd_kernels import __file__ as pkg_file
 
     header = dict(torch=torch.__version__, device=a.device, cpu=platform.processor() or platform.machine(),
                   cores=os.cpu_count(), dtype=a.dtype, rounds=a.rounds,

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import os
 import warnings
+
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mopd_kernels.chunked import TorchRowPass
 from mopd_kernels.terms import token_terms
@@ -146,8 +148,6 @@ def compile_enabled() -> bool:
 
 
 def _dispatch_mode_active() -> bool:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     return _get_current_dispatch_mode() is not None
 
 

@@ -23,10 +23,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from mopd_kernels.ops import CUSTOM_OP_IMPLS
+
 
 def _custom_op_impl(func):
-    from mopd_kernels.ops import CUSTOM_OP_IMPLS
-
     return CUSTOM_OP_IMPLS.get(getattr(func, "_schema", None) and func._schema.name)
 
 

@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from mopd_kernels import chunked, reference
+from mopd_kernels.compiled_rows import CompiledRowPass
 from mopd_kernels.inputs import LossInputs
 from mopd_kernels.roles import check_backend, check_linear_inputs, check_loss_inputs, check_temperature
 from mopd_kernels.settings import PolicyLossSettings, require_settings
@@ -91,8 +92,6 @@ def row_pass_for(backend: str):
 
         return TritonRowPass()
     if backend == "torch":
-        from mopd_kernels.compiled_rows import CompiledRowPass
-
         return CompiledRowPass()
     raise ValueError(f"backend={backend!r} has no row pass")
 
