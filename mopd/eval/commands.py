@@ -1,4 +1,9 @@
-"""`mopd eval run|report` (K-attempt evaluation and reports) and `mopd score` (EM of a records file)."""
+"""`mopd eval run|report` (K-attempt evaluation and reports) and `mopd score` (EM of a records file).
+
+Every ``mopd`` command line imports this module to build its parser (``mopd --help`` included), so
+each handler imports what it needs when it runs (torch, transformers, the engines, the trainer),
+and only argument-building helpers are imported here at module level.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""`mopd view`: one HTML page of an evaluation's records, a training run's traces, or two side by side."""
+"""`mopd view`: one HTML page of an evaluation's records, a training run's traces, or two side by side.
+
+Every ``mopd`` command line imports this module to build its parser (``mopd --help`` included), so
+each handler imports what it needs when it runs (torch, transformers, the engines, the trainer),
+and only argument-building helpers are imported here at module level.
+"""
 
 from __future__ import annotations
 
