@@ -17,6 +17,7 @@ index (2,400 passages). The numbers go by hand into bench/RESULTS.md, "Retriever
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import json
@@ -155,4 +156,7 @@ def test_small_request_latency_under_the_largest_request(benchmark):
 
 
 if __name__ == "__main__":
-    run()
+    ap = argparse.ArgumentParser(description="small clients' latency next to the largest request the server allows")
+    ap.add_argument("--seconds", type=float, default=WINDOW_S,
+                    help=f"each phase's window (default {WINDOW_S:g}, or MOPD_BENCH_WINDOW_S)")
+    run(ap.parse_args().seconds)

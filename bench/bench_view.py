@@ -2,7 +2,7 @@
 every call with token ids and sampling log-probs (an evaluation run with --keep-token-ids: the
 largest records there are), written into one page and opened and filtered in headless Chromium.
 
-Run: PYTHONPATH=. .venv/bin/python bench/bench_view.py [--workflows 20000] [--keep DIR]
+Run: .venv/bin/python bench/bench_view.py [--workflows 20000] [--keep DIR]
 Needs Debian's chromium and chromium-driver and selenium (`make test-browser` installs them).
 
 Times: reading the records (json.loads of every line: the baseline, in the same process), building
@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +27,9 @@ from mopd.recipes.tiny_world.tiny_model import init_tiny_model
 from mopd.view.page import write_page
 from mopd.view.page_data import build_page_data
 from mopd.view.sources import open_source
-from tests.helpers.browser import chromium, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests.helpers, without PYTHONPATH=.
+from tests.helpers.browser import chromium, wait_for  # noqa: E402
 
 DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 WORDS = ("band town river formed album founded city singer year record label north old new first second "

