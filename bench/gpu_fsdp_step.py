@@ -165,6 +165,9 @@ def main(argv=None) -> int:
 
     import torch
 
+    if not a.dry_run and not torch.cuda.is_available():
+        print("FAIL gpu_fsdp_step: no CUDA device (use --dry-run for the CPU self-check)", flush=True)
+        return 1
     cuda = torch.cuda.is_available() and not a.dry_run
     if a.dry_run:
         a.hidden, a.layers, a.micro_batch_tokens, a.micro_batches = 64, 2, 256, 2

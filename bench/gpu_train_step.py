@@ -43,6 +43,9 @@ def main(argv=None) -> int:
 
     import torch
 
+    if not a.dry_run and not torch.cuda.is_available():
+        print("FAIL gpu_train_step: no CUDA device (use --dry-run for the CPU self-check)", flush=True)
+        return 1
     from mopd.config import resolve
     from mopd.recipes.tiny_world.tiny_model import init_tiny_model
     from mopd.train.trainer import PolicyTrainer
