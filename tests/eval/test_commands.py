@@ -1,4 +1,4 @@
-"""`mopd eval run`'s choices before anything loads (issue 33, item 3): no silent bundled corpus, vLLM
+"""`mopd eval run`'s choices before anything loads: no silent bundled corpus, vLLM
 by default on a GPU, vLLM's memory share from what is free."""
 
 import argparse

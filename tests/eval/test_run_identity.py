@@ -1,4 +1,4 @@
-"""An evaluation run refuses to continue with another model of the same directory name (issue 17, item 1)."""
+"""An evaluation run refuses to continue with another model of the same directory name."""
 
 import shutil
 

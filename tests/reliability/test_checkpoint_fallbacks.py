@@ -1,5 +1,5 @@
 """A checkpoint that cannot be used is skipped for an older one, said on the terminal, and never
-a traceback (issue 27): a malformed manifest (`[]`, plain-int entries), a checkpoint of another
+a traceback: a malformed manifest (`[]`, plain-int entries), a checkpoint of another
 model size copied into the run (resume and export), a base model of another size for export."""
 
 import json

@@ -1,6 +1,6 @@
 """What a training preset does with the inputs given to it on the command line: an empty
 ``data.dev=`` means no dev set, and a tiny_* preset given a larger model says its learning rate is
-the tiny model's (issue 37)."""
+the tiny model's."""
 
 import json
 
