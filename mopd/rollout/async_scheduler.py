@@ -39,13 +39,16 @@ import asyncio
 import time
 from typing import List, Optional
 
+from tqdm.auto import tqdm
+
 from mopd.core.records import WorkflowRecord
 from mopd.retriever.client import RetrieverUnavailable
 from mopd.rollout.async_engine import engine_front
 from mopd.rollout.async_retrieval import RetrievalFront
+from mopd.rollout.engine import capabilities_of
 from mopd.rollout.rollout_stats import BusyMeter, MeteredEngine, MeteredRetriever, RolloutStats
 from mopd.rollout.run_state import WorkflowSettings
-from mopd.rollout.scheduler import new_runs
+from mopd.rollout.scheduler import new_runs, run_workflows
 
 RETRIEVAL_EVENT = "retrieval"
 """Text prefix of the ``limit`` event that ends a run whose search failed."""
@@ -231,8 +234,6 @@ def run_workflows_async(engine, retriever, tokenizer, questions, settings: Workf
     engine.reset_prefix_cache()  # cached prefixes may predate the weights
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(runs), desc=f"rollout {settings.workflow}", unit="run", leave=False)
     counter = RunCounter()
     front = engine_front(engine, max_batch_calls=settings.max_batch_calls, others=counter)
@@ -261,8 +262,6 @@ def prefers_async(engine) -> bool:
     no for the HF engine, whose Python decode loop shares that lock with the event loop (measured
     on the CPU with the 0.7M-parameter model: 0.57x; not measured on a GPU) and for other synchronous engines. The
     engine says so in its ``capabilities``."""
-    from mopd.rollout.engine import capabilities_of
-
     return capabilities_of(engine).prefers_async
 
 
@@ -274,7 +273,6 @@ def run_rollout(engine, retriever, tokenizer, questions, settings: WorkflowSetti
     if settings.scheduler == "async" or (settings.scheduler == "auto" and prefers_async(engine)):
         return run_workflows_async(engine, retriever, tokenizer, questions, settings, attempts=attempts,
                                    method=method, progress=progress)
-    from mopd.rollout.scheduler import run_workflows
 
     engine_meter, retrieval_meter = BusyMeter(), BusyMeter()
     start = time.perf_counter()
