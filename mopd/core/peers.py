@@ -21,6 +21,8 @@ import socket
 from datetime import timedelta
 from pathlib import Path
 
+from mopd.core.errors import UserError
+
 PEER_KEY = "mopd/peer/{rank}"
 PEER_LOSS_MARKERS = ("connection reset by peer", "connection closed by peer", "broken pipe", "connection refused",
                      "communicator was aborted", "remote process exited", "socket timeout")
@@ -136,3 +138,12 @@ def lost_peer_line(exc: BaseException) -> str | None:
         said = str(exc).strip().splitlines()
         lost = f"a peer rank is gone (the collective said: {said[0][:200] if said else type(exc).__name__})"
     return f"rank {_joined['rank']} of {_joined['world']}: {lost}"
+
+
+def raise_if_peer_lost(exc: BaseException, after: str) -> None:
+    """A command's last word on a failure: when ``exc`` is a collective that lost a peer, a
+    :class:`~mopd.core.errors.UserError` of :func:`lost_peer_line` and ``after`` (what is kept, what to
+    run) instead of one traceback per surviving rank; otherwise it returns and the caller re-raises."""
+    line = lost_peer_line(exc)
+    if line is not None:
+        raise UserError(f"{line}; {after}") from None

@@ -1,8 +1,6 @@
 """`mopd eval run|report` (K-attempt evaluation and reports) and `mopd score` (EM of a records file).
 
-Every ``mopd`` command line imports this module to build its parser (``mopd --help`` included), so
-each handler imports what it needs when it runs (torch, transformers, the engines, the trainer),
-and only argument-building helpers are imported here at module level.
+Handlers import what they run when they run (:mod:`mopd.cli` says why).
 """
 
 from __future__ import annotations
@@ -163,13 +161,11 @@ def _run(args) -> int:
     except EvalError as e:
         raise UserError(str(e)) from None
     except Exception as e:
-        from mopd.core.peers import lost_peer_line
+        from mopd.core.peers import raise_if_peer_lost
 
-        line = lost_peer_line(e)      # a rank died: one line from each survivor, not a traceback
-        if line is None:
-            raise
-        raise UserError(f"{line}; the finished questions are kept under {args.out} (its rank parts): run the "
-                        "same command again to evaluate the rest") from None
+        raise_if_peer_lost(e, f"the finished questions are kept under {args.out} (its rank parts): run the "
+                              "same command again to evaluate the rest")
+        raise
     finally:
         ranks.leave()
     if ranks.rank != 0:

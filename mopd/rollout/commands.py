@@ -1,8 +1,6 @@
 """`mopd rollout`: workflows run from the command line, records written to a file.
 
-Every ``mopd`` command line imports this module to build its parser (``mopd --help`` included), so
-each handler imports what it needs when it runs (torch, transformers, the engines, the trainer),
-and only argument-building helpers are imported here at module level.
+Handlers import what they run when they run (:mod:`mopd.cli` says why).
 """
 
 from __future__ import annotations

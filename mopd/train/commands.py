@@ -1,8 +1,6 @@
 """`mopd train` and `mopd export`.
 
-Every ``mopd`` command line imports this module to build its parser (``mopd --help`` included), so
-each handler imports what it needs when it runs (torch, transformers, the engines, the trainer),
-and only argument-building helpers are imported here at module level.
+Handlers import what they run when they run (:mod:`mopd.cli` says why).
 """
 
 from __future__ import annotations
@@ -141,12 +139,10 @@ def _train(args) -> int:
     except (ModelLoadError, TrainingError, CheckpointError) as e:
         raise UserError(str(e)) from None
     except Exception as e:
-        from mopd.core.peers import lost_peer_line
+        from mopd.core.peers import raise_if_peer_lost
 
-        line = lost_peer_line(e)      # a rank died: one line from each survivor, not a traceback
-        if line is None:
-            raise
-        raise UserError(f"{line}; {intact_checkpoint(cfg.trainer.out_dir)}") from None
+        raise_if_peer_lost(e, intact_checkpoint(cfg.trainer.out_dir))
+        raise
     finally:
         if lock is not None:
             lock.release()
