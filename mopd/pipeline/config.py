@@ -275,8 +275,3 @@ class PipelineConfig:
             return self.report.reference
         first = next(iter(self.stage2), None)
         return next((s.name for s in self.systems if s.model == first), self.systems[-1].name)
-
-
-def train_stages(cfg: PipelineConfig) -> Dict[str, TrainStageConfig]:
-    """Every training stage by key: stage1, then the Stage II arms in order."""
-    return {"stage1": cfg.stage1, **cfg.stage2}

@@ -50,7 +50,7 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
         top_sections=claims_markdown(claims), linked=CLAIMS[0].base))
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
-        log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {_interval(c)} -> "
+        log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {claim_interval(c)} -> "
             f"{VERDICT_TEXT[c['verdict']]}" + (" (holds)" if c["holds"] else " (does NOT hold)"))
     check = inputs.pi0_check
     if check is not None:
@@ -141,8 +141,9 @@ def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) ->
     return out
 
 
-def _interval(c: dict) -> str:
-    return f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
+def claim_interval(c: dict) -> str:
+    """A claim's difference and interval in signed percentage points: ``+4.20 [+1.00, +7.30]``."""
+    return f"{points(c['diff'])} [{points(c['ci'][0])}, {points(c['ci'][1])}]"
 
 
 def claims_table(claims: List[dict]) -> str:
@@ -150,7 +151,7 @@ def claims_table(claims: List[dict]) -> str:
     (records of older runs get their kind and label by :func:`with_claim_fields`)."""
     rows = ["| # | kind | claim | difference [95% interval] | verdict |", "|---|---|---|---|---|"]
     for i, c in enumerate(with_claim_fields(c) for c in claims):
-        rows.append(f"| {i + 1} | {c['kind']} | {claim_name(c)}: {c['label']} | **{_interval(c)}** | "
+        rows.append(f"| {i + 1} | {c['kind']} | {claim_name(c)}: {c['label']} | **{claim_interval(c)}** | "
                     f"{VERDICT_TEXT[c['verdict']]}" + (" (holds)" if c["holds"] else "") + " |")
     return "\n".join(rows)
 
@@ -234,12 +235,13 @@ def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "
     path.write_text(seed_summary_markdown(summary), encoding="utf-8")
     for c in summary["claims"]:
         c = with_claim_fields(c)
-        log(f"{c['kind']}: {claim_name(c)}: holds on {c['held']} of {c['seeds']} seeds; pooled {_interval(c)} "
+        log(f"{c['kind']}: {claim_name(c)}: holds on {c['held']} of {c['seeds']} seeds; pooled {claim_interval(c)} "
             f"({VERDICT_TEXT[c['verdict']]})")
     return path
 
 
-def _pp(x: float) -> str:
+def points(x: float) -> str:
+    """A fraction as signed percentage points: ``+4.20``."""
     return f"{100 * x:+.2f}"
 
 
@@ -285,7 +287,7 @@ def seed_table(summary: dict) -> str:
         have = {(c["trained"], c["base"]): with_claim_fields(c) for c in e["claims"]}
         for claim in claims:
             c = have.get((claim["trained"], claim["base"]))
-            cells.append("n/a" if c is None else _interval(c) + ("" if c["holds"] else SHORT_VERDICT[c["verdict"]]))
+            cells.append("n/a" if c is None else claim_interval(c) + ("" if c["holds"] else SHORT_VERDICT[c["verdict"]]))
         cells.append(_decomposition_cell(e))
         chk = e.get("pi0_check")
         cells.append("n/a" if chk is None else f"{chk['em']:.3f}" + (" (weak)" if chk["weak"] else ""))
@@ -309,7 +311,7 @@ def per_dataset_table(summary: dict) -> str:
         cells = []
         for c in claims:
             e = c["per_dataset"].get(d)
-            text = "n/a" if e is None else _interval(e)
+            text = "n/a" if e is None else claim_interval(e)
             cells.append(f"**{text}**" if e is not None and e["verdict"] != "indistinguishable" else text)
         rows.append(f"| {d} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -327,6 +329,6 @@ def pooled_table(summary: dict) -> str:
     metric = summary["claims"][0]["metric"] if summary["claims"] else "avg@K"
     rows = [f"| kind | claim | holds on | pooled {metric} difference | verdict |", "|---|---|---|---|---|"]
     for c in (with_claim_fields(c) for c in summary["claims"]):
-        rows.append(f"| {c['kind']} | {claim_name(c)} | {c['held']} of {c['seeds']} seeds | {_interval(c)} | "
+        rows.append(f"| {c['kind']} | {claim_name(c)} | {c['held']} of {c['seeds']} seeds | {claim_interval(c)} | "
                     f"{VERDICT_TEXT[c['verdict']]} |")
     return "\n".join(rows)

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mopd.recipes.tiny_world.prompt_reader import Doc, PromptView, read_prompt
 from mopd.recipes.tiny_world.world_kb import GENRES, KnowledgeBase
-from mopd.recipes.tiny_world.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, pair_answers, with_article
+from mopd.recipes.tiny_world.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, with_article
 from mopd.rollout.sampling import derive_seed
 from mopd.rollout.scripted_engine import ScriptedEngine
 
@@ -422,11 +422,6 @@ class DemoPolicy:
             pick = rng.choice(mentioned or pool)
         return answer_text(pick)
 
-
-    def pair_answer(self, task: Task) -> str:
-        """The right answer of a pair question, from the world (its first accepted form)."""
-        a, b = task.pair
-        return pair_answers(self.kb.bands[a][task.relation], self.kb.bands[b][task.relation])[0]
 
     def _pair_answer(self, task: Task, text: str, rng: random.Random) -> str:
         """Each band's value, in the question's order: copied when the band's fact is in the reports

@@ -24,6 +24,9 @@ import re
 import shutil
 from pathlib import Path
 
+from mopd.recipes.tiny_world.report import (CLAIMS, SHORT_VERDICT, claim_interval, claim_name, claims_table,
+                                            per_dataset_section, pooled_table, seed_table, with_claim_fields)
+
 LABELS = {"C-MAS base": "C-MAS base (pi_0)", "C-MAS + RL": "C-MAS + RL (Stage I)",
           "H-MAS base": "H-MAS base (pi_0)", "MultiAgent-OPD": "MultiAgent-OPD (Stage II)",
           "No Searcher supervision": "No Searcher supervision (Stage II, Searcher loss 0)",
@@ -84,14 +87,6 @@ def _copy_report(report: Path, dest: Path) -> None:
         shutil.copy2(png, dest / png.name)
 
 
-def _pp(x: float) -> str:
-    return f"{100 * x:+.2f}"
-
-
-def _interval(c: dict) -> str:
-    return f"{_pp(c['diff'])} [{_pp(c['ci'][0])}, {_pp(c['ci'][1])}]"
-
-
 def main_table_rows(report_md: str) -> list[list[str]]:
     """The rows (cells) of the "Main results" table of a report.md."""
     part = report_md.split("## Main results", 1)[1]
@@ -116,8 +111,6 @@ def render_seed0_systems(docs: Path) -> str:
 
 
 def render_seed0_claims(docs: Path) -> str:
-    from mopd.recipes.tiny_world.report import claims_table
-
     return claims_table(json.loads((docs / "demo" / "claims.json").read_text()))
 
 
@@ -132,16 +125,12 @@ def render_seed0_timings(docs: Path) -> str:
 
 
 def render_seeds(docs: Path) -> str:
-    from mopd.recipes.tiny_world.report import per_dataset_section, pooled_table, seed_table
-
     summary_path = docs / "demo_seeds" / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         links = " ".join(f"[seed {n}](demo_seeds/seed{n}/report.md)" for n in summary["seeds"])
         return "\n".join([seed_table(summary), "", pooled_table(summary), ""] + per_dataset_section(summary)
                          + [f"Reports: {links}."])
-    from mopd.recipes.tiny_world.report import CLAIMS, SHORT_VERDICT, claim_name, with_claim_fields
-
     folders = sorted(docs.glob("demo_seed[0-9]*"), key=lambda p: int(p.name[len("demo_seed"):]))
     if not folders:
         return ("No untuned seed of the current demo is published yet (`mopd demo --seeds 1 2 3 4 5`, then "
@@ -157,7 +146,7 @@ def render_seeds(docs: Path) -> str:
         n = d.name[len("demo_seed"):]
         have = {claim_name(c): c for c in claims}
         t = json.loads((d / "timings.json").read_text())
-        cells = ["n/a" if name not in have else _interval(have[name])
+        cells = ["n/a" if name not in have else claim_interval(have[name])
                  + ("" if have[name]["holds"] else SHORT_VERDICT[have[name]["verdict"]]) for name in names]
         link = f"{d.name}/report.md"   # relative to the page, which sits in docs/
         out.append(f"| {n} | " + " | ".join(cells) + f" | {t['total'] / 60:.1f} min | [seed {n}]({link}) |")
