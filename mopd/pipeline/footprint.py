@@ -16,6 +16,9 @@ from typing import Optional
 
 from mopd.pipeline.config import PipelineConfig, _flag
 from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage
+from mopd.train.memory_plan import ModelShape, PlanError, load_model_config
+from mopd.train.memory_plan import _frozen_models
+from mopd.train.memory_plan import plan_memory
 
 GB = 1e9
 GIB = 2 ** 30
@@ -37,7 +40,6 @@ class Footprint:
 
 def parameters(model: str) -> tuple[Optional[int], str]:
     """The parameter count of ``model`` from its config.json, or None and the reason."""
-    from mopd.train.memory_plan import ModelShape, PlanError, load_model_config
 
     try:
         return ModelShape.from_config(load_model_config(model)).params, ""
@@ -49,7 +51,6 @@ def parameters(model: str) -> tuple[Optional[int], str]:
 def _frozen_configs(run_cfg) -> list:
     """config.json of each frozen model the run loads; None (the policy's shape) for one not built
     yet (a Stage-I export, when Stage II is planned before Stage I ran)."""
-    from mopd.train.memory_plan import PlanError, _frozen_models, load_model_config
 
     out = []
     for p in _frozen_models(run_cfg):
@@ -63,7 +64,6 @@ def _frozen_configs(run_cfg) -> list:
 def _train_memory(stage: TrainStage, cfg: PipelineConfig) -> str:
     if cfg.launcher.kind == "inprocess":
         return "CPU, in this process (no GPU plan)"
-    from mopd.train.memory_plan import plan_memory
 
     L = cfg.launcher
     try:

@@ -17,6 +17,22 @@ from typing import Callable, List, Optional, Sequence
 from mopd.config import RetrieverConfig
 from mopd.core.errors import UserError
 from mopd.pipeline.stages import EvalStage, ExportStage, TrainStage, move_aside
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from mopd.core.fingerprint import model_fingerprint
+from mopd.core.reproducible import deterministic_torch
+from mopd.core.run_lock import RunLock, RunLocked
+from mopd.core.spawn_map import spawn_map
+from mopd.eval import runner
+from mopd.eval.runner import settings_changes
+from mopd.pipeline.log import logger
+from mopd.retriever import load_retriever
+from mopd.retriever.memo import QueryMemo
+from mopd.rollout.run_state import WorkflowSettings
+from mopd.rollout.scheduler import run_workflows
+from mopd.train import checkpoint as ckpt
+from mopd.train.trainer import PolicyTrainer
+import multiprocessing
+import os
 
 Log = Callable[[str], None]
 
@@ -29,7 +45,6 @@ def rollout_fn(lockstep: bool):
     """The scheduler stages roll out with (None: the trainer's and evaluator's default)."""
     if not lockstep:
         return None
-    from mopd.rollout.scheduler import run_workflows
 
     return run_workflows
 
@@ -37,8 +52,6 @@ def rollout_fn(lockstep: bool):
 def open_retriever(cfg: RetrieverConfig):
     """The retriever of this process: every query searched alone (and remembered), so its passages
     never depend on its batch."""
-    from mopd.retriever import load_retriever
-    from mopd.retriever.memo import QueryMemo
 
     return QueryMemo(load_retriever(cfg))
 
@@ -51,8 +64,6 @@ def train(stage: TrainStage, export: Optional[ExportStage], retriever, lockstep:
     if stage.done() and (export is None or export.done()):
         log(f"{name}: reusing {export.export_dir if export else stage.run_dir}")
         return
-    from mopd.core.reproducible import deterministic_torch
-    from mopd.train.trainer import PolicyTrainer
 
     if stage.done():   # trained: only its export is missing
         log(f"{name}: trained in {cfg.trainer.out_dir}; exporting")
@@ -87,7 +98,6 @@ def train(stage: TrainStage, export: Optional[ExportStage], retriever, lockstep:
 def lock_stage(run_dir, name: str):
     """The run lock of a training stage's directory (:mod:`mopd.core.run_lock`), or
     :class:`StageLocked` naming its holder."""
-    from mopd.core.run_lock import RunLock, RunLocked
 
     try:
         return RunLock(run_dir, f"mopd pipeline stage {name}")
@@ -98,7 +108,6 @@ def lock_stage(run_dir, name: str):
 def export_best(name: str, trainer, export_dir: Path, log: Log) -> Path:
     """Export the checkpoint with the best dev validation (the paper's model selection; step 0,
     the starting model, is not a candidate); the last weights when no validation ran."""
-    from mopd.train import checkpoint as ckpt
 
     best = ckpt.read_best(trainer.run_dir)
     if best is None or best["step"] == trainer.step:
@@ -122,7 +131,6 @@ def last_step(run_dir: Path) -> int:
 
 def _train_in_worker(stage: TrainStage, export: Optional[ExportStage], retriever: RetrieverConfig, lockstep: bool,
                      log_name: str) -> None:
-    from mopd.pipeline.log import logger
 
     train(stage, export, open_retriever(retriever), lockstep, logger(log_name), progress=False)
 
@@ -131,9 +139,6 @@ def train_side_by_side(jobs: Sequence[tuple], workers: int, retriever, retriever
                        lockstep: bool, log: Log, log_name: str) -> None:
     """Train each (train stage, export stage) job, ``workers`` at a time (spawned processes, one
     thread each, each with its own retriever); one progress line per minute while they run."""
-    import multiprocessing
-    import os
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
     workers = min(workers, len(jobs), os.cpu_count() or 1)
     if workers <= 1:
@@ -156,10 +161,6 @@ def train_side_by_side(jobs: Sequence[tuple], workers: int, retriever, retriever
 def evaluate(stage: EvalStage, questions, retriever, lockstep: bool, log: Log) -> Path:
     """The paper's protocol (1 candidate, T 0.6, top-p 0.95) with the workflow limits and Searcher
     template of the training stages (``stage.config``)."""
-    from mopd.core.fingerprint import model_fingerprint
-    from mopd.core.reproducible import deterministic_torch
-    from mopd.eval import runner
-    from mopd.rollout.run_state import WorkflowSettings
 
     name, workflow, cfg = stage.system.name, stage.system.workflow, stage.config
     if stage.done():
@@ -185,7 +186,6 @@ def set_aside_if_stale(out: Path, settings: dict, log: Log) -> None:
     other steps, say) is moved to ``out.replaced-N``, never resumed or deleted: its records would
     otherwise be refused by the evaluator, or, before evaluations were keyed on the model's
     weights, silently reused."""
-    from mopd.eval.runner import settings_changes
 
     if settings_changes(out, settings):
         move_aside(out, log, "was evaluated with another model or settings")
@@ -193,7 +193,6 @@ def set_aside_if_stale(out: Path, settings: dict, log: Log) -> None:
 
 def _evaluate_in_worker(stage: EvalStage, questions, retriever: RetrieverConfig, lockstep: bool,
                         log_name: str) -> Path:
-    from mopd.pipeline.log import logger
 
     return evaluate(stage, questions, open_retriever(retriever), lockstep, logger(log_name))
 
@@ -202,14 +201,12 @@ def evaluate_all(stages: List[EvalStage], questions, workers: int, retriever, re
                  lockstep: bool, log: Log, log_name: str) -> None:
     """Evaluate every stage, ``workers`` at a time (spawned processes; each loads its own retriever
     over the same index and searches every query alone, as this process does)."""
-    import os
 
     workers = min(workers, len(stages), os.cpu_count() or 1)
     if workers <= 1:
         for s in stages:
             evaluate(s, questions, retriever, lockstep, log)
         return
-    from mopd.core.spawn_map import spawn_map
 
     # H-MAS evaluations take about twice as long as C-MAS ones: submitted first, the two workers
     # finish together (longest job first)

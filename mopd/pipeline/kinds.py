@@ -23,6 +23,7 @@ from typing import Callable, Dict
 
 from mopd.config import ConfigError
 from mopd.core.recipes import load_recipes
+from mopd.eval.report import ReportOptions, report_runs
 
 STAGE_KINDS: Dict[str, type] = {}
 """Setup stage kinds by name (see the module docstring)."""
@@ -81,7 +82,6 @@ def check_setup(cfg) -> None:
 @register_report_kind("eval")
 def eval_report(stage, setup_results: Dict[str, object], log) -> Path:
     """`mopd eval report`: metrics, paired intervals against the reference, costs, curves."""
-    from mopd.eval.report import ReportOptions, report_runs   # matplotlib: only when a report is written
 
     return report_runs([e.out for e in stage.evals], stage.out, ReportOptions(
         names=stage.names, reference=stage.reference, draws=stage.draws, validation_logs=stage.logs,

@@ -21,6 +21,14 @@ from mopd.pipeline.config import PipelineConfig
 from mopd.pipeline.log import logger
 from mopd.pipeline.kinds import STAGE_KINDS, report_kind
 from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage, plan
+from mopd.core.model_dir import remote_code_problem, trust_remote_code
+from mopd.core.qa import load_questions
+from mopd.core.qa import write_questions
+from mopd.core.reproducible import deterministic_torch, environment_record
+from mopd.core.run_lock import RunLock, RunLocked
+from mopd.pipeline.footprint import footprint, human_bytes
+from mopd.pipeline.presets import pipeline_yaml
+import os
 
 
 class PipelineError(UserError):
@@ -29,7 +37,6 @@ class PipelineError(UserError):
 
 def eval_questions(cfg: PipelineConfig):
     """The questions of the evaluation: the only place the pipeline reads the evaluated split."""
-    from mopd.core.qa import load_questions
 
     manifest = cfg.data.dev if cfg.eval.split == "dev" else cfg.data.test
     questions, _ = load_questions(manifest)
@@ -55,7 +62,6 @@ def spread_over_datasets(questions, n: int):
 def hub_snapshot(name: str) -> Optional[Path]:
     """The Hugging Face cache's snapshot of hub id ``name`` (its ``main`` revision, else the newest
     one holding a config.json); None when it is not there. Never the network."""
-    import os
 
     hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
     repo = hub.expanduser() / f"models--{name.replace('/', '--')}"
@@ -90,7 +96,6 @@ def local_base_model(cfg: PipelineConfig, stages: List[Stage]) -> Optional[str]:
 def describe(cfg: PipelineConfig, stages: Optional[List[Stage]] = None) -> str:
     """Every stage with its status, command, memory per GPU and disk, and the disk in all;
     nothing is loaded or run."""
-    from mopd.pipeline.footprint import footprint, human_bytes
 
     stages = stages if stages is not None else plan(cfg)
     missing = local_base_model(cfg, stages) if cfg.launcher.kind == "subprocess" else None
@@ -131,9 +136,7 @@ def command_text(words: List[str]) -> str:
 
 def run_pipeline(cfg: PipelineConfig) -> Path:
     """Run every stage of ``cfg`` (reusing done ones, resuming a killed one); returns the report's path."""
-    from mopd.pipeline.presets import pipeline_yaml
 
-    from mopd.core.run_lock import RunLock, RunLocked
 
     stages = plan(cfg)
     check_remote_code(cfg, stages)
@@ -155,7 +158,6 @@ def check_remote_code(cfg: PipelineConfig, stages: List[Stage]) -> None:
     """Refuse a base model, teacher or reference directory that needs its own code unless the
     training stages set ``model.trust_remote_code=true`` (which then holds for the whole pipeline,
     its workers and stage processes)."""
-    from mopd.core.model_dir import remote_code_problem, trust_remote_code
 
     trains = [s.config for s in stages if isinstance(s, TrainStage)]
     trusted = bool(trains) and all(c.model.trust_remote_code for c in trains)
@@ -206,15 +208,17 @@ class _InProcess(_Timed):
     """Every stage in this process (and its spawned workers)."""
 
     def run(self) -> Path:
-        from mopd.core.reproducible import deterministic_torch, environment_record
 
         cfg, root = self.cfg, self.root
         deterministic_torch(1)
         (root / "environment.json").write_text(json.dumps(environment_record(), indent=2))
         setup_results = {s.key: self.timed(s.group, s.run, self) for s in setup_stages(self.stages)}
-        self.retriever = self._open_retriever()
-        L = cfg.launcher
+        # The in-process launcher trains here: torch and the trainer load now, not when the
+        # pipeline module is imported (a subprocess-launched run never loads them).
         from mopd.pipeline import inprocess
+
+        self.retriever = inprocess.open_retriever(self.cfg.retriever)
+        L = cfg.launcher
 
         self.timed("stage1", lambda: [inprocess.train(t, e, self.retriever, L.lockstep, self.log)
                                       for t, e in _jobs(self.stages, "stage1")])
@@ -236,10 +240,6 @@ class _InProcess(_Timed):
         report = _render_report(_by_type(self.stages, ReportStage)[0], setup_results, self.log)
         return self.finish(report)
 
-    def _open_retriever(self):
-        from mopd.pipeline.inprocess import open_retriever
-
-        return open_retriever(self.cfg.retriever)
 
 
 def setup_stages(stages: List[Stage]) -> List[Stage]:
@@ -290,7 +290,6 @@ class _Subprocess(_Timed):
         """The evaluated questions (the first N round-robin over datasets) as the manifest every
         evaluation reads."""
         import mopd.pipeline.run as this
-        from mopd.core.qa import write_questions
 
         write_questions(Path(stage.command(self.cfg)[stage.command(self.cfg).index("--manifest") + 1]),
                         this.eval_questions(self.cfg))

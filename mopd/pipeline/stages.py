@@ -22,6 +22,9 @@ from typing import List, Optional
 from mopd.config import Config, RetrieverConfig, resolve
 from mopd.pipeline.config import PipelineConfig, SystemConfig, TrainStageConfig
 from mopd.pipeline.kinds import report_kind, stage_kind
+from dataclasses import fields
+from mopd.config import to_yaml
+from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 
 MARKER = "DONE"
 """A training run's marker (in its run directory)."""
@@ -57,7 +60,6 @@ they are, and fingerprints written before they existed still match."""
 
 def fingerprinted_yaml(cfg: Config) -> str:
     """The resolved config as YAML, less the ``OBSERVATION_ONLY`` settings."""
-    from mopd.config import to_yaml
 
     return "".join(line for line in to_yaml(cfg).splitlines(keepends=True)
                    if not line.strip().startswith(OBSERVATION_ONLY))
@@ -84,7 +86,6 @@ def _value(v) -> str:
 def retriever_overrides(r: RetrieverConfig) -> List[str]:
     """The pipeline's retriever as overrides: its kind, its index (inprocess) or URL (http), and each
     other field that differs from the default."""
-    from dataclasses import fields
 
     default, named = RetrieverConfig(), "url" if r.kind == "http" else "index"
     return [f"retriever.kind={r.kind}"] + [f"retriever.{f.name}={_value(getattr(r, f.name))}" for f in fields(r)
@@ -185,7 +186,6 @@ class TrainStage(Stage):
     def identity(self) -> str:
         """The fingerprint and the weights and data it trains from (the base model, a teacher, a
         reference: a retrained Stage I is a new teacher under the same path)."""
-        from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 
         c = self.config
         models = [c.model.path, c.teacher.path, c.reference.path]
@@ -259,7 +259,6 @@ class EvalStage(Stage):
     def fingerprint(self) -> str:
         """The evaluation's command, its model's weights and the manifest's size and time (a stat:
         nothing reads the evaluated split before the evaluation)."""
-        from mopd.core.fingerprint import model_fingerprint
 
         m = Path(self.manifest)
         stat = [m.stat().st_size, m.stat().st_mtime_ns] if m.is_file() else None

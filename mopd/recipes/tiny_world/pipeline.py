@@ -20,6 +20,9 @@ from mopd.config import RetrieverConfig
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
                                   SetupStageConfig, SystemConfig, TrainStageConfig)
 from mopd.pipeline.presets import pipeline_preset
+from mopd.recipes.tiny_world.policy_check import WeakPi0
+from mopd.recipes.tiny_world.warmstart import parse_pi0_settings
+from mopd.recipes.tiny_world.world import parse_world_settings
 
 
 @dataclass
@@ -33,7 +36,7 @@ class DemoSettings:
     stage1_steps: int = 10
     """Stage I (C-MAS) training steps. The same as ``stage2_steps`` by default, and both stages
     train on 12 questions x 6 workflows per step (the tiny presets), so C-MAS + RL and every Stage II
-    arm have the same RL budget (issue 35; it was 15 steps of 16 x 8)."""
+    arm have the same RL budget (it was 15 steps of 16 x 8: docs/demo.md, "Why the tiny presets' values")."""
     stage2_steps: int = 10
     """Stage II (H-MAS) training steps, every arm alike. 10: on seed 0's dev split of the one-token
     pair world, with 10 steps the primary claim was +11.88 [+4.06, +19.69], with 8 (the first 8
@@ -94,7 +97,6 @@ class DemoSettings:
     1e-6 on the HF engine), so only lock-step runs are bit-reproducible."""
 
     def __post_init__(self):
-        from mopd.recipes.tiny_world.warmstart import parse_pi0_settings
 
         parse_pi0_settings(self.pi0)  # a bad KEY=VALUE fails here, before anything is built
         if self.eval_split not in ("test", "dev"):
@@ -114,7 +116,6 @@ class DemoSettings:
 
     def weak_pi0(self):
         """The weak-pi_0 thresholds as one value (:class:`mopd.recipes.tiny_world.policy_check.WeakPi0`)."""
-        from mopd.recipes.tiny_world.policy_check import WeakPi0
 
         return WeakPi0(em=self.weak_pi0_em, valid=self.weak_pi0_valid)
 
@@ -145,7 +146,6 @@ def quick_settings(s: DemoSettings) -> DemoSettings:
 def world_settings(s: DemoSettings):
     """The :class:`mopd.recipes.tiny_world.world.WorldSettings` of a demo: the default (or quick) world with
     the demo's seed and index kind, then ``s.world``'s KEY=VALUE entries."""
-    from mopd.recipes.tiny_world.world import parse_world_settings
 
     return parse_world_settings(s.world, seed=s.seed, index_kind=s.index_kind, quick=s.quick)
 

@@ -10,6 +10,17 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Dict, Sequence
+from mopd.config import EvalConfig, RetrieverConfig
+from mopd.core.actions import parse_answerer
+from mopd.core.reproducible import deterministic_torch
+from mopd.core.roles import role_of_prompt
+from mopd.core.scoring import exact_match
+from mopd.core.spawn_map import spawn_map
+from mopd.recipes.tiny_world.world import WorldPaths, load_split
+from mopd.recipes.tiny_world.world import build_world, parse_world_settings
+from pathlib import Path
+import json
+import os
 
 
 @dataclass(frozen=True)
@@ -33,8 +44,6 @@ class WeakPi0:
 def summarize(records) -> Dict[str, object]:
     """Answer validity (Answerer outputs with a valid ``<answer>`` action), invalid calls, strict
     EM overall and per dataset, searches and tokens per workflow."""
-    from mopd.core.actions import parse_answerer
-    from mopd.core.scoring import exact_match
 
     answers = [c for r in records for c in r.calls_of("answerer")]
     calls = [c for r in records for c in r.calls]
@@ -62,8 +71,6 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
                  progress: bool = False) -> Dict[str, dict]:
     """``{workflow: summarize(records)}`` for ``model_dir`` on a split of the world, sampled at
     ``temperature`` with the evaluation protocol's top-p (``EvalConfig.top_p``)."""
-    from mopd.config import EvalConfig, RetrieverConfig
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.recipes.tiny_world.warmstart import CachedRetriever, workflow_settings
     from mopd.retriever import load_retriever
     from mopd.rollout.hf_engine import HFEngine
@@ -84,7 +91,6 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
 
 def _check_one_workflow(model_dir, world_dir, split: str, workflow: str, temperature: float, seed: int,
                         attempts: int) -> dict:
-    from mopd.core.reproducible import deterministic_torch
 
     deterministic_torch(1)
     return check_policy(model_dir, world_dir, split=split, workflows=(workflow,), temperature=temperature, seed=seed,
@@ -98,13 +104,10 @@ def check_policy_side_by_side(model_dir, world_dir, *, workers: int, split: str 
     a time. The records are those of one process at one thread: every request samples from its
     own seeded generator and every query is searched alone, so nothing carries from one workflow
     to the next."""
-    import os
 
-    from mopd.core.spawn_map import spawn_map
 
     workers = min(workers, len(workflows), os.cpu_count() or 1)
     if workers <= 1:
-        from mopd.core.reproducible import deterministic_torch
 
         deterministic_torch(1)
         return check_policy(model_dir, world_dir, split=split, workflows=workflows, temperature=temperature,
@@ -144,8 +147,6 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: We
     with :func:`assess_pi0`'s verdict, written to ``path`` and reused from it when it was measured on
     the same pi_0 with the same settings. ``workers`` > 1 checks the workflows side by side (the same
     records, :func:`check_policy_side_by_side`)."""
-    import json
-    from pathlib import Path
 
     from mopd.recipes.tiny_world.warmstart import read_pi0
 
@@ -177,11 +178,7 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
     KEY=VALUE settings (``index_kind=bm25`` among them), ``pi0_items`` the warm start's
     (:func:`mopd.recipes.tiny_world.warmstart.parse_pi0_settings`); ``workers``: processes of the demonstrations
     and of the dev check."""
-    import json
-    from pathlib import Path
 
-    from mopd.core.reproducible import deterministic_torch
-    from mopd.recipes.tiny_world.world import build_world, parse_world_settings
     from mopd.recipes.tiny_world.warmstart import build_pi0, parse_pi0_settings
 
     root = Path(root)
@@ -218,7 +215,6 @@ class AnswererOnly:
         self._fast = getattr(tokenizer, "backend_tokenizer", None)
 
     def _role(self, ids) -> str:
-        from mopd.core.roles import role_of_prompt
 
         text = (self._fast.decode(list(ids), skip_special_tokens=False) if self._fast is not None
                 else self.tokenizer.decode(ids, skip_special_tokens=False))
@@ -250,9 +246,7 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
     also has ``em_given_facts``: per dataset, the EM of the workflows whose last Answerer prompt
     holds every gold fact the answer needs (both bands' sentences for a pair question; the
     Answerer's own job, whatever the Searchers missed), and ``given_facts``: how many those were."""
-    from mopd.config import EvalConfig, RetrieverConfig
     from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.recipes.tiny_world.warmstart import CachedRetriever, workflow_settings
     from mopd.retriever import load_retriever
     from mopd.rollout.hf_engine import HFEngine
@@ -278,7 +272,6 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
 def _em_given_facts(records, policy, tokenizer) -> dict:
     """EM per dataset over the workflows whose last Answerer prompt holds every gold sentence the
     answer needs (:meth:`mopd.recipes.tiny_world.scripted_policy.DemoPolicy.holds_needed_facts`)."""
-    from mopd.core.scoring import exact_match
 
     by_ds = defaultdict(list)
     for r in records:

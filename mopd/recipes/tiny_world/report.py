@@ -14,6 +14,13 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from mopd.eval.bootstrap import DEFAULT_SEED
+from mopd.eval.alignment import align_runs
+from mopd.eval.metrics import outcomes, question_metrics
+from mopd.eval.report import ReportOptions, report_runs
+from mopd.eval.report import load_runs
+from mopd.eval.seeds import interval_verdict
+from mopd.eval.seeds import summarize_seeds
+from mopd.eval.summary import summarize
 
 
 def log(msg: str) -> None:
@@ -40,7 +47,6 @@ class ReportInputs:
 def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
     """report.md with its plots and metrics (``mopd eval report``'s) and the claims at its top,
     claims.json, and the pi_0 check; returns the report's path."""
-    from mopd.eval.report import ReportOptions, report_runs
 
     claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
     title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if inputs.dev else "")
@@ -97,7 +103,6 @@ VERDICT_TEXT = {"above": "above 0", "below": "below 0", "indistinguishable": "no
 
 def verdict(ci) -> str:
     """above / below when the whole 95% interval ``ci`` is on one side of 0, else indistinguishable."""
-    from mopd.eval.seeds import interval_verdict
 
     return interval_verdict(*ci)
 
@@ -122,8 +127,6 @@ def check_claims(runs: Dict[str, Path], draws: int, seed: int = DEFAULT_SEED) ->
     """Paired question-bootstrap difference of strict macro avg@K for each claim of ``CLAIMS``
     whose systems are both in ``runs``, in that order: trained minus base, its 95% interval and
     verdict; a claim holds when the whole interval is above 0."""
-    from mopd.eval.report import load_runs
-    from mopd.eval.summary import summarize
 
     out = []
     for claim in CLAIMS:
@@ -170,8 +173,6 @@ def claims_markdown(claims: List[dict]) -> str:
 def claim_questions(pair) -> List[dict]:
     """Per question (dataset, id): strict avg@K of the base (first) and the trained (second) system,
     so a multi-seed summary can bootstrap seeds and questions from the committed claims alone."""
-    from mopd.eval.alignment import align_runs
-    from mopd.eval.metrics import outcomes, question_metrics
 
     runs = align_runs(pair)
     avg = question_metrics(outcomes(runs).strict)["avg"]  # [2, Q]
@@ -212,7 +213,6 @@ def write_seed_summary(root, seeds: List[int], draws: int = 4000, split: str = "
     order; claims.json of older runs, without kind and label, get them from their systems), on how
     many seeds it holds and the pooled effect with a bootstrap over seeds and questions; per seed,
     how often the trained Leader splits a ``DECOMPOSITION_DATASET`` question."""
-    from mopd.eval.seeds import summarize_seeds
 
     root = Path(root)
     report = "report_dev" if split == "dev" else "report"

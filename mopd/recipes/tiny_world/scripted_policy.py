@@ -36,6 +36,8 @@ from mopd.recipes.tiny_world.world_kb import GENRES, KnowledgeBase
 from mopd.recipes.tiny_world.world_text import PAIR_RELATIONS, PAIR_TEMPLATES, QUESTION_TEMPLATES, with_article
 from mopd.rollout.sampling import derive_seed
 from mopd.rollout.scripted_engine import ScriptedEngine
+from mopd.recipes.tiny_world.world import WorldPaths, load_kb
+import json
 
 
 @dataclass(frozen=True)
@@ -441,9 +443,7 @@ class DemoPolicy:
 
 def world_policy(world_dir, style: DemoStyle = DemoStyle()) -> DemoPolicy:
     """The scripted policy of a world built by :func:`mopd.recipes.tiny_world.world.build_world`."""
-    import json
 
-    from mopd.recipes.tiny_world.world import WorldPaths, load_kb
 
     paths = WorldPaths.of(world_dir)
     firsts = {}

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from mopd.recipes.tiny_world.report import (CLAIMS, SHORT_VERDICT, claim_interval, claim_name, claims_table,
                                             per_dataset_section, pooled_table, seed_table, with_claim_fields)
+import argparse
 
 LABELS = {"C-MAS base": "C-MAS base (pi_0)", "C-MAS + RL": "C-MAS + RL (Stage I)",
           "H-MAS base": "H-MAS base (pi_0)", "MultiAgent-OPD": "MultiAgent-OPD (Stage II)",
@@ -186,7 +187,6 @@ def update_readme(readme=PAGE, docs="docs", check: bool = False) -> list[str]:
 
 
 def main(argv=None) -> int:
-    import argparse
 
     p = argparse.ArgumentParser(prog="python -m mopd.recipes.tiny_world.tables", description=__doc__.split("\n\n")[0])
     p.add_argument("--page", "--readme", dest="readme", metavar="PAGE", default=PAGE, help="the page with the markers")

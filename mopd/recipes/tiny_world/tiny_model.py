@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
+from mopd.rollout.prompts import all_prompt_texts
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -41,7 +42,6 @@ August September October November December north south east west old new first s
 
 
 def default_corpus() -> List[str]:
-    from mopd.rollout.prompts import all_prompt_texts
 
     return list(all_prompt_texts()) + _BUILTIN_TEXT.splitlines()
 

@@ -37,6 +37,16 @@ from mopd.core.key_values import parse_key_values
 from mopd.data.markers import read_marker
 from mopd.data.sft import SFTSettings, train_sft
 from mopd.retriever.memo import QueryMemo
+from mopd.config import RetrieverConfig
+from mopd.config import resolve
+from mopd.core.reproducible import deterministic_torch
+from mopd.core.scoring import exact_match
+from mopd.core.spawn_map import spawn_map
+from mopd.recipes.tiny_world.world import WorldPaths
+from mopd.recipes.tiny_world.world import load_split
+from mopd.recipes.tiny_world.world import WorldSettings, build_world
+from mopd.recipes.tiny_world.world_kb import name_vocabulary
+from mopd.retriever.corpus import corpus_fingerprint
 
 PI0_FILE = "pi0.json"
 PI0_FORMAT = 1
@@ -94,7 +104,7 @@ class WarmStartSettings:
     search per workflow), and at 0.4 the copying transition did not happen within 800 steps (EM
     0.03; bench/RESULTS.md, "A warm start that under-searches"). With the one-token pair questions
     (1,200 steps, seed 0 dev): 0.6 gave 0.347, 0.7 0.448 and 0.8 0.552; 0.7 keeps the demo's pi_0
-    above issue 35's 0.35 with room for other seeds and leaves a no-search habit for the Searcher's
+    above the 0.35 dev EM the demo needs (the weak-pi_0 tuning in bench/RESULTS.md) with room for other seeds and leaves a no-search habit for the Searcher's
     training to remove (bench/RESULTS.md, "Pair questions with one-token answers")."""
 
     split_pair: float = 0.8
@@ -140,7 +150,6 @@ def practice_world_seeds(seed: int, n: int) -> List[int]:
 
 def build_practice_worlds(base_dir, seed: int, n: int) -> list:
     """The practice worlds (BM25 indexes: a second each), built once under ``base_dir``."""
-    from mopd.recipes.tiny_world.world import WorldSettings, build_world
 
     return [build_world(Path(base_dir) / f"seed{ps}", settings=WorldSettings(seed=ps, index_kind="bm25"))
             for ps in practice_world_seeds(seed, n)]
@@ -158,7 +167,6 @@ def workflow_settings(workflow: str, *, temperature: float, top_p: float, seed: 
     (``tiny_cmas_rl`` for C-MAS, ``tiny_mopd`` for H-MAS), so pi_0 learns the step budgets, round
     limits and forced endings it will meet in Stage I and Stage II; one Answerer candidate."""
 
-    from mopd.config import resolve
     from mopd.rollout.run_state import WorkflowSettings
 
     cfg = resolve("tiny_cmas_rl" if workflow == "cmas" else "tiny_mopd")
@@ -186,8 +194,6 @@ def tokenizer_texts(world_dir) -> List[str]:
     wordings (pair subtasks and the pair answers' joint included), the role prompts ``PROMPT_WEIGHT``
     times and the name vocabulary ``NAME_WEIGHT`` times."""
     from mopd.recipes.tiny_world.scripted_policy import PAIR_SUBTASK_TEXTS, SUBTASK_RIVER, SUBTASK_TOWN, SUBTASK_TWO_HOP
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
-    from mopd.recipes.tiny_world.world_kb import name_vocabulary
     from mopd.rollout.prompts import all_prompt_texts
 
     paths = WorldPaths.of(world_dir)
@@ -206,9 +212,7 @@ def tokenizer_texts(world_dir) -> List[str]:
 def make_demonstrations(world_dir, tokenizer, retriever, *, workflows: Sequence[str] = ("cmas", "hmas"),
                         attempts: int = 4, seed: int = 0, style=None, questions=None) -> Demonstrations:
     """Scripted episodes over the training questions (or ``questions``), as training sequences."""
-    from mopd.core.scoring import exact_match
     from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.rollout.scheduler import run_workflows
 
     paths = WorldPaths.of(world_dir)
@@ -239,9 +243,6 @@ def _demonstrations_in_worker(world_dir, tokenizer_dir, workflow: str, attempts:
                               max_questions) -> Demonstrations:
     from transformers import AutoTokenizer
 
-    from mopd.config import RetrieverConfig
-    from mopd.core.reproducible import deterministic_torch
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.retriever import load_retriever
 
     deterministic_torch(1)
@@ -259,8 +260,6 @@ def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "War
     ``tokenizer_dir``), episodes in the same order. The episodes are those of one process: the
     scripted policy draws from a generator seeded per workflow, and every query is searched alone
     (on seed 0's world, 10,880 episodes, equal to one process at 2 threads; bench/RESULTS.md)."""
-    from mopd.core.spawn_map import spawn_map
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
 
     workers = min(workers, len(s.workflows), os.cpu_count() or 1)
     if workers <= 1:
@@ -278,7 +277,6 @@ def world_demonstrations(world_dir, tokenizer_dir, tokenizer, retriever, s: "War
 def name_token_ids(tokenizer) -> List[int]:
     """Ids of the one-token names of :func:`mopd.recipes.tiny_world.world_kb.name_vocabulary` (as in running
     text, after a space)."""
-    from mopd.recipes.tiny_world.world_kb import name_vocabulary
 
     ids = [tokenizer.encode(" " + n, add_special_tokens=False) for n in name_vocabulary()]
     return sorted({i[0] for i in ids if len(i) == 1})
@@ -290,8 +288,6 @@ def read_pi0(out_dir) -> Optional[dict]:
 
 
 def _world_fingerprint(world_dir) -> str:
-    from mopd.recipes.tiny_world.world import WorldPaths
-    from mopd.retriever.corpus import corpus_fingerprint
 
     paths = WorldPaths.of(world_dir)
     return corpus_fingerprint(paths.corpus) + ":" + corpus_fingerprint(paths.train)
@@ -320,10 +316,8 @@ def build_pi0(world_dir, out_dir, *, steps: int = WarmStartSettings.steps, seed:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mopd.config import RetrieverConfig
     from mopd.recipes.tiny_world.scripted_policy import DemoStyle
     from mopd.recipes.tiny_world.tiny_model import init_tiny_model
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
     from mopd.retriever import load_retriever, open_retriever
 
     if threads is not None:

@@ -38,6 +38,8 @@ from mopd.data.markers import read_marker
 from mopd.data.splits import build_splits, write_splits
 from mopd.recipes.tiny_world.world_kb import KnowledgeBase, WorldSizes, generate_kb
 from mopd.recipes.tiny_world.world_text import CHAIN_DATASETS, DATASETS, PAIR_DATASETS, write_world_text
+from mopd.core.key_values import parse_key_values
+from mopd.retriever.builder import IndexSpec, build_index
 
 WORLD_FORMAT = 1
 WORLD_FILE = "world.json"
@@ -112,7 +114,6 @@ def parse_world_settings(items: Sequence[str] = (), *, seed: int = 0, index_kind
                          quick: bool = False) -> WorldSettings:
     """The default world (or the quick one) with ``seed`` and ``index_kind``, then ``items``'
     KEY=VALUE entries (any field but seed, typed like its default)."""
-    from mopd.core.key_values import parse_key_values
 
     base: Dict[str, object] = dict(QUICK_WORLD) if quick else {}
     base["index_kind"] = index_kind
@@ -243,7 +244,6 @@ def build_world(out_dir, seed: int = 0, *, settings: Optional[WorldSettings] = N
                  inputs=[str(pools / "train.jsonl"), str(pools / "test.jsonl")],
                  test_counts=test_counts, dev_counts=dev_counts)
 
-    from mopd.retriever.builder import IndexSpec, build_index
 
     build_index(paths.corpus, paths.index, IndexSpec(encoder=s.encoder, index_kind=s.index_kind), progress=progress)
     kinds: Dict[str, int] = {}
