@@ -1,4 +1,4 @@
-"""The scripted team (mopd.data.demo_policy) through the real workflows, per dataset and workflow:
+"""The scripted team (mopd.recipes.tiny_world.scripted_policy) through the real workflows, per dataset and workflow:
 EM, searches and Leader subtasks per workflow, and how often the Leader delegates two or more
 subtasks (in all, and in its first output). Usage (bench/RESULTS.md, "Pair questions"):
 
@@ -17,16 +17,16 @@ import collections
 import tempfile
 
 from mopd.core.scoring import exact_match
-from mopd.data.demo_policy import DemoEngine, DemoStyle, world_policy
-from mopd.data.tiny_model import default_corpus, train_tokenizer
-from mopd.data.tinyworld import WorldPaths, WorldSettings, build_world, load_split
-from mopd.data.warmstart import CachedRetriever, tokenizer_texts, workflow_settings
+from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
+from mopd.recipes.tiny_world.tiny_model import default_corpus, train_tokenizer
+from mopd.recipes.tiny_world.world import WorldPaths, WorldSettings, build_world, load_split
+from mopd.recipes.tiny_world.warmstart import CachedRetriever, tokenizer_texts, workflow_settings
 from mopd.retriever import open_retriever
 from mopd.rollout.scheduler import run_workflows
 
 
 def answerer_table(a, style):
-    from mopd.data.policy_check import check_answerer
+    from mopd.recipes.tiny_world.policy_check import check_answerer
 
     result = check_answerer(a.answerer, a.world, split=a.split, attempts=a.attempts, seed=a.seed, style=style)
     datasets = sorted(next(iter(result.values()))["em_by_dataset"])
