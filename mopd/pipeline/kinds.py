@@ -23,50 +23,40 @@ from typing import Callable, Dict
 
 from mopd.config import ConfigError
 from mopd.core.recipes import load_recipes
+from mopd.core.registry import Registry
 from mopd.eval.report import ReportOptions, report_runs
 
-STAGE_KINDS: Dict[str, type] = {}
+STAGE_KINDS: Registry = Registry("setup stage kind", error=ConfigError, on_missing=load_recipes)
 """Setup stage kinds by name (see the module docstring)."""
-REPORT_KINDS: Dict[str, Callable] = {}
+REPORT_KINDS: Registry = Registry("report kind", error=ConfigError, on_missing=load_recipes)
 """Report writers by name (see the module docstring)."""
 
 
 def register_stage_kind(name: str):
     """Class decorator: register a setup stage kind under ``name``."""
-    def add(cls):
-        if name in STAGE_KINDS and STAGE_KINDS[name] is not cls:
-            raise ValueError(f"stage kind {name!r} is registered twice")
-        STAGE_KINDS[name] = cls
-        return cls
-    return add
+    return STAGE_KINDS.register(name)
 
 
 def register_report_kind(name: str):
     """Function decorator: register a report writer under ``name``."""
-    def add(fn):
-        if name in REPORT_KINDS and REPORT_KINDS[name] is not fn:
-            raise ValueError(f"report kind {name!r} is registered twice")
-        REPORT_KINDS[name] = fn
-        return fn
-    return add
+    return REPORT_KINDS.register(name)
 
 
-def _lookup(table: Dict, name: str, what: str, where: str):
-    if name not in table:
-        load_recipes()
-    if name not in table:
-        raise ConfigError(f"{where}={name!r} is not a {what}; choose one of {sorted(table)}")
-    return table[name]
+def _lookup(registry: Registry, name: str, where: str):
+    try:
+        return registry.lookup(name)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def stage_kind(name: str, where: str = "setup.kind") -> type:
     """The setup stage kind registered as ``name`` (a one-line ConfigError naming the kinds if none)."""
-    return _lookup(STAGE_KINDS, name, "setup stage kind", where)
+    return _lookup(STAGE_KINDS, name, where)
 
 
 def report_kind(name: str, where: str = "report.kind") -> Callable:
     """The report writer registered as ``name`` (a one-line ConfigError naming the kinds if none)."""
-    return _lookup(REPORT_KINDS, name, "report kind", where)
+    return _lookup(REPORT_KINDS, name, where)
 
 
 def check_setup(cfg) -> None:
@@ -82,7 +72,6 @@ def check_setup(cfg) -> None:
 @register_report_kind("eval")
 def eval_report(stage, setup_results: Dict[str, object], log) -> Path:
     """`mopd eval report`: metrics, paired intervals against the reference, costs, curves."""
-
     return report_runs([e.out for e in stage.evals], stage.out, ReportOptions(
         names=stage.names, reference=stage.reference, draws=stage.draws, validation_logs=stage.logs,
         validation_labels=stage.labels, title=stage.heading))

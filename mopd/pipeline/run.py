@@ -198,7 +198,7 @@ class _Timed:
         rebuilt = {}
         for s in _by_type(self.stages, TrainStage):
             rebuilt[s.group] = rebuilt.get(s.group, False) or _written_since(s.run_dir / "DONE", self.started)
-        built = {s.group: s.seconds_built() for s in setup_stages(self.stages) if s.seconds_built() is not None}
+        built = {s.group: t for s in setup_stages(self.stages) if (t := s.seconds_built()) is not None}
         write_timings(self.root / "timings.json", self.times, built=built, rebuilt=rebuilt)
         self.log(f"finished in {self.times['total'] / 60:.1f} min; report: {report}")
         return report
@@ -245,7 +245,7 @@ class _InProcess(_Timed):
 def setup_stages(stages: List[Stage]) -> List[Stage]:
     """The setup stages (a recipe's kinds, :mod:`mopd.pipeline.kinds`), in order."""
     kinds = tuple(STAGE_KINDS.values())
-    return [s for s in stages if kinds and isinstance(s, kinds)]
+    return [s for s in stages if isinstance(s, kinds)]
 
 
 def _render_report(stage: ReportStage, setup_results: Dict[str, object], log) -> Path:
@@ -267,9 +267,9 @@ class _Subprocess(_Timed):
         if missing:   # before days of training, not after
             raise PipelineError(missing)
         self.log(describe(self.cfg, self.stages).splitlines()[0])
-        evals = _by_type(self.stages, EvalStage)
+        evals, setup = _by_type(self.stages, EvalStage), setup_stages(self.stages)
         for s in self.stages:
-            if s in setup_stages(self.stages):
+            if s in setup:
                 raise PipelineError(f"stage {s.key} runs only in-process (launcher.kind=inprocess)")
             if isinstance(s, ReportStage):
                 report = self.timed("report", self._report if s.kind == "eval" else _render_report, s, {}, self.log)

@@ -9,23 +9,21 @@ A check is ``fn(cfg, model) -> Optional[str]`` registered under an event kind wi
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from mopd.core.recipes import load_recipes
+from mopd.core.registry import Registry
 
 ModelCheck = Callable[[object, object], Optional[str]]
 
-MODEL_CHECKS: Dict[str, ModelCheck] = {}
+MODEL_CHECKS: Registry = Registry("model check")
 """Registered checks by the kind of the event they record."""
 
 
 def register_model_check(kind: str):
     """Function decorator: run ``fn(cfg, model)`` when a trainer has loaded its model; a line it
     returns is recorded as an event of ``kind``."""
-    def add(fn: ModelCheck) -> ModelCheck:
-        MODEL_CHECKS[kind] = fn
-        return fn
-    return add
+    return MODEL_CHECKS.register(kind)
 
 
 def model_notices(cfg, model) -> List[Tuple[str, str]]:

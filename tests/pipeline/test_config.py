@@ -1,6 +1,8 @@
 """Pipeline configs: presets, ${root}, a YAML layer and dotted overrides, and the checks that
 refuse a pipeline before anything runs."""
 
+import re
+
 import pytest
 
 from mopd.config import ConfigError
@@ -86,5 +88,15 @@ def test_setup_stages_run_in_this_process_only():
 
 
 def test_a_setup_stage_of_an_unknown_kind_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="setup.world.kind='nope' is not a setup stage kind; choose one of"):
+    with pytest.raises(ConfigError, match="setup.world.kind: unknown setup stage kind 'nope'.*setup stage kinds: \\["):
         resolve_pipeline("demo", ["setup.world.kind=nope"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("setup.world.settings=[quick=maybe]", "setup.world: world setting 'quick=maybe'"),
+    ("setup.pi0.settings=[threads=0]", "setup.pi0: threads=0 must be > 0"),
+    ("setup.pi0_check.settings=[weak_em=2]", "setup.pi0_check: weak-pi_0 threshold em=2"),
+])
+def test_a_setup_stages_own_setting_is_checked_with_the_config(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_pipeline("demo", [override])

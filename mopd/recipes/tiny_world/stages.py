@@ -33,22 +33,26 @@ from mopd.recipes.tiny_world import world
 from mopd.recipes.tiny_world.world import parse_world_settings
 
 
-def _split(items: Sequence[str], keys: Tuple[str, ...]) -> Tuple[dict, List[str]]:
-    """``items``' entries for ``keys`` (raw strings) and the rest."""
-    own, rest = {}, []
-    for it in items:
-        key, _, value = str(it).partition("=")
-        if key.strip() in keys:
-            own[key.strip()] = value.strip()
-        else:
-            rest.append(it)
-    return own, rest
+def _split(items: Sequence[str], keys: Tuple[str, ...]) -> Tuple[List[str], List[str]]:
+    """``items``' entries for ``keys`` (this stage's own settings) and the rest (the builder's)."""
+    own = [it for it in items if str(it).partition("=")[0].strip() in keys]
+    return own, [it for it in items if it not in own]
 
 
-def _bool(name: str, value: str) -> bool:
-    if value.lower() not in ("true", "false"):
-        raise ValueError(f"{name}={value!r}: choose true or false")
-    return value.lower() == "true"
+@dataclass(frozen=True)
+class WorldOptions:
+    quick: bool = False
+    """The quick (smaller) world of smoke runs."""
+
+
+@dataclass(frozen=True)
+class Pi0Options:
+    threads: int = 2
+    """Torch threads of the warm start (results depend on it in the last bits)."""
+
+    def __post_init__(self):
+        if self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be > 0")
 
 
 @register_stage_kind("tiny_world")
@@ -62,7 +66,8 @@ class WorldStage(Stage):
     @staticmethod
     def world_settings(items: Sequence[str], seed: int = 0):
         own, rest = _split(items, ("quick",))
-        return parse_world_settings(rest, seed=seed, quick=_bool("quick", own.get("quick", "false")))
+        options = WorldOptions(**parse_key_values(own, WorldOptions, what="world"))
+        return parse_world_settings(rest, seed=seed, quick=options.quick)
 
     @classmethod
     def check_settings(cls, items: List[str]) -> None:
@@ -102,9 +107,7 @@ class Pi0Stage(Stage):
     def pi0_settings(items: Sequence[str]) -> dict:
         own, rest = _split(items, ("threads",))
         kw = parse_pi0_settings(rest)
-        kw["threads"] = int(own.get("threads", "2"))
-        if kw["threads"] < 1:
-            raise ValueError(f"threads={kw['threads']} must be > 0")
+        kw["threads"] = Pi0Options(**parse_key_values(own, Pi0Options, what="pi_0")).threads
         return kw
 
     @classmethod
