@@ -15,6 +15,8 @@ without asking the server, which refuses blank queries.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +32,21 @@ class RetrieverRequestError(ValueError):
     """The server rejected a request as malformed (HTTP 4xx)."""
 
 
+class RetrieverTokenRefused(RetrieverUnavailable, RetrieverRequestError):
+    """The server answered 401: no token, or not its token. Both a request error (4xx) and a server
+    the run cannot use, so every caller that says either in one line says this one too."""
+
+
+def check_token(token: str, where: str) -> str:
+    """``token`` if it is printable ASCII (what an HTTP header carries intact), else ValueError
+    naming ``where`` (the token itself is never said)."""
+    bad = next((c for c in token if not " " < c < "\x7f"), None)
+    if bad is not None:
+        raise ValueError(f"{where}: the token holds {'a space' if bad == ' ' else f'the character U+{ord(bad):04X}'};"
+                         " a token is printable ASCII without spaces (e.g. `openssl rand -hex 32`)")
+    return token
+
+
 def read_token(path: str) -> str:
     """The shared token in the file ``path`` (its first line), or ValueError saying what is wrong."""
     try:
@@ -38,14 +55,28 @@ def read_token(path: str) -> str:
         raise ValueError(f"token file {path}: {getattr(e, 'strerror', None) or e}") from None
     if not token or not token[0].strip():
         raise ValueError(f"token file {path} is empty; put the shared token on its first line")
-    return token[0].strip()
+    return check_token(token[0].strip(), f"token file {path}")
+
+
+def token_file_exposure(path: str) -> str | None:
+    """A warning when the token file ``path`` is readable by its group or by everyone (None if not)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not mode & (stat.S_IRGRP | stat.S_IROTH):
+        return None
+    who = "everyone" if mode & stat.S_IROTH else "its group"
+    return (f"warning: token file {path} is readable by {who} (mode {stat.S_IMODE(mode):04o}); anyone who can "
+            f"read it can search this server: chmod 600 {path}")
 
 
 class HttpRetriever:
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout_s: float = 30.0, retries: int = 5,
                  backoff_s: float = 0.5, max_queries_per_request: int = 512,
                  max_results_per_request: int = 8192, max_query_chars: int = 2048, token: str | None = None):
-        self.token = token   # sent as Authorization: Bearer (a server started with --token-file)
+        # sent as Authorization: Bearer (a server started with --token-file)
+        self.token = None if token is None else check_token(token, "the retriever client's token")
         self.url = url.rstrip("/")
         self.url = self.url.removesuffix("/retrieve")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
@@ -86,6 +117,13 @@ class HttpRetriever:
                     return json.loads(resp.read())
             except urllib.error.HTTPError as e:
                 body = e.read().decode(errors="replace")[:500]
+                if e.code == 401:
+                    raise RetrieverTokenRefused(
+                        f"{url} refused the request (HTTP 401): "
+                        + ("it needs the token its server was started with (--token-file); give that file as "
+                           "retriever.token_file" if self.token is None else
+                           "the token sent is not the server's; retriever.token_file must name the file the server "
+                           "was started with (--token-file)")) from None
                 if e.code >= 500 or e.code == 429:
                     last = f"HTTP {e.code}: {body}"
                     continue

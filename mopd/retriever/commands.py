@@ -6,6 +6,7 @@ Handlers import what they run when they run (:mod:`mopd.cli` says why).
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub) -> None:
@@ -215,7 +216,7 @@ def _assemble(args) -> int:
 
 def _serve(args) -> int:
     from mopd.core.errors import UserError
-    from mopd.retriever.client import read_token
+    from mopd.retriever.client import read_token, token_file_exposure
     from mopd.retriever.server import Batching, PortInUse, ServerLimits, check_port, serve
 
     if not 0 <= args.port <= 65535:
@@ -229,6 +230,9 @@ def _serve(args) -> int:
                               max_body_bytes=int(args.max_body_mb * (1 << 20)), header_timeout_s=args.header_timeout,
                               body_timeout_s=args.body_timeout, max_connections=args.max_connections)
         token = read_token(args.token_file) if args.token_file else None
+        exposed = token_file_exposure(args.token_file) if args.token_file else None
+        if exposed:
+            print(exposed, file=sys.stderr, flush=True)
         check_port(args.host, args.port)      # before the index loads (minutes for wiki-18)
     except (ValueError, PortInUse) as e:
         raise UserError(str(e)) from None

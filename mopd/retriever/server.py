@@ -42,6 +42,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from mopd.retriever.batcher import MicroBatcher
+from mopd.retriever.client import check_token
 from mopd.retriever.threads import ThreadsBySize
 
 log = logging.getLogger(__name__)
@@ -240,12 +241,15 @@ async def json_errors(request: web.Request, handler):
 
 def require_token(app: web.Application, token: str) -> None:
     """Answer only requests with ``Authorization: Bearer TOKEN`` (401 otherwise), for a server
-    that other machines can reach (``--token-file``)."""
-    expected = f"Bearer {token}".encode()
+    that other machines can reach (``--token-file``). ``token`` must be printable ASCII (ValueError
+    otherwise: a header could not carry it). A header of any other bytes is a wrong token (401), never
+    an error: it is compared only when it is ASCII, in constant time."""
+    expected = f"Bearer {check_token(token, 'the server token')}".encode()
 
     @web.middleware
     async def token_check(request: web.Request, handler):
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+        sent = request.headers.get("Authorization", "")
+        if not (sent.isascii() and hmac.compare_digest(sent.encode(), expected)):
             return _error(401, "missing or wrong token: this server needs the shared token (the client's "
                                "retriever.token_file)", headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
