@@ -88,10 +88,34 @@ def _maybe(v: Optional[float]) -> Optional[float]:
     return None if v is None else round(float(v), 6)
 
 
+def cut_back_to_last_line(path: Path) -> int:
+    """Drop a cut last line of ``path`` (bytes after its last newline: a kill mid-write), so that
+    what is appended next starts a line of its own; returns the bytes dropped."""
+    with path.open("r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        at = end
+        while at > 0:
+            start = max(0, at - 65536)
+            f.seek(start)
+            chunk = f.read(at - start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                at = start + nl + 1
+                break
+            at = start
+        if at < end:
+            f.truncate(at)
+        return end - at
+
+
 def append_traces(run_dir: str | os.PathLike, lines: Sequence[dict]) -> Path:
     """Append ``lines`` to ``<run_dir>/traces.jsonl``, each in one write (a reader sees whole lines
-    but possibly a cut last one after a kill, which ``mopd view`` skips)."""
+    but possibly a cut last one after a kill, which ``mopd view`` skips). A cut last line is
+    dropped first (as ``metrics.jsonl``'s is on resume): else the next line would be glued to it
+    and lost with it."""
     path = Path(run_dir) / TRACES_FILE
+    if path.is_file():
+        cut_back_to_last_line(path)
     with path.open("a", encoding="utf-8") as f:
         for line in lines:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
