@@ -4,14 +4,58 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from mopd.config.checks import choice, positive
+from mopd.config.checks import ConfigError, choice, positive
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Weight dtypes a model or engine can be loaded in (auto: per device)."""
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash", "varlen", "flex", "packed_sdpa")
 """``model.attn_implementation``'s values (the field's docstring says what each one means)."""
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""``model.lora.target_modules``'s default: every projection of the attention and the MLP of the
+Qwen2/Qwen3, Llama and Mistral families (PEFT's and verl's usual choice); the lm head is never one."""
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (PEFT's LoRA) over a frozen base: with ``rank`` > 0 only the adapters
+    train (fp32, with their own AdamW); the base model is held once, in the compute dtype, with no
+    master copy and no optimizer state, and a teacher or reference given as an adapter (or as the
+    base itself) is a view of that same base (``mopd.train.lora``)."""
+
+    rank: int = 0
+    """The adapters' rank r; 0: no LoRA, full fine-tuning (the default)."""
+    alpha: float = 32.0
+    """LoRA's alpha: the update is scaled by alpha / rank (16 with rank 16 and alpha 32, say). With
+    LoRA the learning rate is usually 10-20x that of full fine-tuning (docs/gpu_training.md)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training. 0 by default: the PPO ratio compares the
+    training forward with the no-grad pi_old pass, which dropout would make differ on-policy."""
+    target_modules: Tuple[str, ...] = LORA_TARGETS
+    """Module names (the last component, as PEFT matches them) that get adapters, or
+    ``all-linear`` (every linear layer but the output head). The lm head cannot be one: the fused
+    loss head takes it as one plain weight matrix."""
+
+    def __post_init__(self):
+        positive("model.lora.rank", self.rank, allow_zero=True)
+        positive("model.lora.alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout={self.dropout}: expected a number in [0, 1)")
+        if isinstance(self.target_modules, str):
+            self.target_modules = tuple(t.strip() for t in self.target_modules.split(",") if t.strip())
+        self.target_modules = tuple(self.target_modules)
+        if not self.target_modules:
+            raise ConfigError("model.lora.target_modules is empty: name the modules that get adapters "
+                              f"(default {','.join(LORA_TARGETS)}) or all-linear")
+        if "lm_head" in self.target_modules:
+            raise ConfigError("model.lora.target_modules: lm_head cannot take an adapter (the fused loss head "
+                              "reads it as one plain weight); adapt the decoder's projections instead")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 @dataclass
@@ -48,6 +92,8 @@ class ModelConfig:
     own (``auto_map``) and run that code in this process when loading them (transformers'
     ``trust_remote_code``). Off: such a directory is refused in one line by every command, and
     nothing from it runs. Recorded in run.json with the rest of the config."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (``model.lora.rank=16``); off by default."""
 
     def __post_init__(self):
         choice("model.dtype", self.dtype, DTYPES)
