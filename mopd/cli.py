@@ -13,7 +13,7 @@ import importlib
 import sys
 from typing import List, Optional
 
-from mopd.core.recipes import recipe_command_modules
+from mopd.core.recipes import failed_recipes, failure_note, recipe_command_modules
 
 # Areas whose commands the CLI offers, in --help order.
 COMMAND_MODULES = [
@@ -36,9 +36,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES + recipe_command_modules():
+    for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for name in recipe_command_modules():   # the recipes that loaded (one that failed was one warning line)
+        try:
+            importlib.import_module(name).register(sub)
+        except Exception as e:   # a recipe's broken commands cost its commands, not the command line
+            print(f"mopd: warning: {name} failed to load and is skipped: {type(e).__name__}: {e}", file=sys.stderr)
     return parser
+
+
+def _unknown_command(parser: argparse.ArgumentParser, argv: List[str]) -> Optional[str]:
+    """One line for a command that no loaded module offers while a recipe failed to load (it may
+    have offered it); None when argparse's own message will do."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words or not failed_recipes():
+        return None
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if words[0] in sub.choices:
+        return None
+    return f"mopd: error: unknown command {words[0]!r}{failure_note()}"
 
 
 def _version() -> str:
@@ -49,6 +66,10 @@ def _version() -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    unknown = _unknown_command(parser, sys.argv[1:] if argv is None else argv)
+    if unknown:
+        print(unknown, file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -6,15 +6,18 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from mopd.core.recipes import failure_note
+
 
 class ConfigError(ValueError):
     """A bad key, type or value in a run (or pipeline) configuration."""
 
 
 def choice(name: str, value, choices) -> None:
-    """``value`` is one of ``choices`` (any iterable of names: a tuple, a set, a registry)."""
+    """``value`` is one of ``choices`` (any iterable of names: a tuple, a set, a registry, which
+    loads the recipes first); the refusal names the recipes that failed to load, if any."""
     if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not valid; choose one of {sorted(choices)}")
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {sorted(choices)}{failure_note()}")
 
 
 def positive(name: str, value, allow_zero: bool = False) -> None:

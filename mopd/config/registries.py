@@ -6,8 +6,9 @@
   (``@register_reward("team_bonus")``).
 - :data:`PRESETS` (``mopd train NAME``): functions returning a :class:`~mopd.config.Config`,
   registered under their own name (``@register_preset``) in :mod:`mopd.config.presets` and by any
-  module outside the config package (a recipe's presets); :func:`get_preset` looks one up, loading
-  the recipes (:func:`mopd.core.recipes.load_recipes`) before it refuses a name.
+  module outside the config package (a recipe's presets); :func:`get_preset` looks one up. Every
+  registry loads the recipes before it is read (:mod:`mopd.core.registry`), so a recipe's
+  engines, rewards and presets are seen by every caller.
 - Workflows are the core's table (:mod:`mopd.core.workflows`: their roles and step limits, which the
   presets read); each state machine registers against it in :mod:`mopd.rollout` (``run_state``).
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 from typing import Callable, Tuple
 
 from mopd.config.checks import ConfigError
-from mopd.core.recipes import load_recipes
 from mopd.core.registry import Registry
 
 ENGINES: Registry = Registry("engine", error=ConfigError)
@@ -36,7 +36,7 @@ returning an :class:`~mopd.rollout.engine.Engine` (:func:`mopd.rollout.engines.b
 REWARDS: Registry = Registry("reward", error=ConfigError)
 """Role rewards by name: classes with ``from_config(reward_cfg)`` (:mod:`mopd.algo.rewards`)."""
 
-PRESETS: Registry = Registry("preset", error=ConfigError, on_missing=load_recipes)
+PRESETS: Registry = Registry("preset", error=ConfigError)
 """Method presets by name: functions returning a :class:`~mopd.config.Config`. Read it as a
 mapping (``PRESETS[name]()``, ``PRESETS.items()``); add to it with :func:`register_preset`."""
 

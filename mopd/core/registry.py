@@ -14,29 +14,32 @@ registers itself where it is implemented, with :meth:`Registry.register` as a de
 
 It reads as a read-only mapping (``name in r``, ``r[name]``, ``r.items()``, ``sorted(r)``), and
 :meth:`Registry.lookup` is the lookup that fails in one line naming the valid choices.
+
+Every read (a lookup, ``in``, a listing) first loads the recipes (:func:`mopd.core.recipes.load_recipes`,
+once per process), so a recipe's entries are seen the same way by every caller: the command line,
+a config check, ``python -c``. What a recipe registers is taken out again if it fails to import.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Callable, Dict, Generic, Iterator, Optional, Tuple, Type, TypeVar, Union
+from typing import Dict, Generic, Iterator, Optional, Tuple, Type, TypeVar, Union
+
+from mopd.core.recipes import failure_note, load_recipes, note_registration
 
 T = TypeVar("T")
 
 
 class Registry(Mapping, Generic[T]):
     """Objects by name. ``kind`` names an entry in errors (``unknown engine 'x'``); ``error`` is the
-    exception :meth:`lookup` raises (a ValueError subclass: the config passes its ConfigError);
-    ``on_missing``, when set, is called once by :meth:`lookup` before it refuses a name (a hook that
-    imports more modules, whose entries then register themselves)."""
+    exception :meth:`lookup` raises (a ValueError subclass: the config passes its ConfigError).
+    Every read loads the recipes first (the module docstring)."""
 
-    def __init__(self, kind: str, plural: str = "", error: Type[ValueError] = ValueError,
-                 on_missing: Optional[Callable[[], object]] = None):
+    def __init__(self, kind: str, plural: str = "", error: Type[ValueError] = ValueError):
         self.kind = kind
         self.plural = plural or f"{kind}s"
         self.error = error
-        self.on_missing = on_missing
         self._entries: Dict[str, T] = {}
 
     def register(self, name: Union[str, T], obj: Optional[T] = None):
@@ -52,7 +55,9 @@ class Registry(Mapping, Generic[T]):
             raise ValueError(f"{self.kind} name {name!r} must be an identifier")
         old = self._entries.get(name)
         if old is not None and not _same(old, obj):
-            raise ValueError(f"a different {self.kind} named {name!r} is already registered ({_qualname(old)})")
+            raise ValueError(f"{self.kind} {name!r} is registered twice: by {_qualname(old)} and by {_qualname(obj)}")
+        if old is None:
+            note_registration(lambda: self._entries.pop(name, None))
         self._entries[name] = obj
         return obj
 
@@ -62,30 +67,33 @@ class Registry(Mapping, Generic[T]):
 
     def names(self) -> Tuple[str, ...]:
         """The registered names, in registration order."""
-        return tuple(self._entries)
+        return tuple(self._read())
 
     def lookup(self, name: str) -> T:
         """The entry called ``name``; a one-line ``error`` naming the close match and every valid
-        name when there is none."""
-        if name not in self._entries and self.on_missing is not None:
-            self.on_missing()
-        if name not in self._entries:
-            close = difflib.get_close_matches(str(name), self._entries, n=1)
+        name when there is none (and the recipes that failed to load, which may have provided it)."""
+        entries = self._read()
+        if name not in entries:
+            close = difflib.get_close_matches(str(name), entries, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise self.error(f"unknown {self.kind} {name!r}{hint}; {self.plural}: {sorted(self._entries)}")
-        return self._entries[name]
+            raise self.error(f"unknown {self.kind} {name!r}{hint}; {self.plural}: {sorted(entries)}{failure_note()}")
+        return entries[name]
+
+    def _read(self) -> Dict[str, T]:
+        load_recipes()
+        return self._entries
 
     def __getitem__(self, name: str) -> T:
-        return self._entries[name]
+        return self._read()[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(list(self._read()))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._read())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._read()
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"

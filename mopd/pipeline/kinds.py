@@ -12,8 +12,8 @@ report it can end with: registries that recipes add to.
   setup stage's ``run`` returned, by its key; empty under the subprocess launcher). ``eval`` (`mopd eval report`)
   is the core's; a recipe adds its own.
 
-A name not registered loads the recipes (:func:`mopd.core.recipes.load_recipes`) before it is
-refused, so a pipeline file naming a recipe's kind works in any process.
+Both registries load the recipes before they are read (:mod:`mopd.core.registry`), so a pipeline
+file naming a recipe's kind works in any process.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Callable, Dict
 
 from mopd.config import ConfigError
-from mopd.core.recipes import load_recipes
 from mopd.core.registry import Registry
 from mopd.eval.report import ReportOptions, report_runs
 
-STAGE_KINDS: Registry = Registry("setup stage kind", error=ConfigError, on_missing=load_recipes)
+STAGE_KINDS: Registry = Registry("setup stage kind", error=ConfigError)
 """Setup stage kinds by name (see the module docstring)."""
-REPORT_KINDS: Registry = Registry("report kind", error=ConfigError, on_missing=load_recipes)
+REPORT_KINDS: Registry = Registry("report kind", error=ConfigError)
 """Report writers by name (see the module docstring)."""
 
 

@@ -12,12 +12,11 @@ from typing import Callable, List, Optional, Union
 
 from mopd.config import ConfigError, ConfigKind, RetrieverConfig
 from mopd.config.resolver import build, merge_layers
-from mopd.core.recipes import load_recipes
 from mopd.core.registry import Registry
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
                                   SystemConfig, TrainStageConfig)
 
-PIPELINES: Registry = Registry("pipeline", error=ConfigError, on_missing=load_recipes)
+PIPELINES: Registry = Registry("pipeline", error=ConfigError)
 """Pipeline presets by name: functions returning a PipelineConfig (read it as a mapping)."""
 
 

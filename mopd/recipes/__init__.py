@@ -5,7 +5,7 @@ entry-point group). Importing it registers what it brings: method presets
 (:func:`mopd.config.register_preset`), pipeline presets, pipeline stage kinds and report kinds
 (:mod:`mopd.pipeline.stages`), and, in its optional ``commands`` module, its `mopd` commands.
 Nothing in the core imports a recipe by name: :func:`mopd.core.recipes.load_recipes` finds them,
-when the command line is built or when a registry is asked for a name it does not hold.
+once per process, before any registry is read or the command line is built.
 
 - :mod:`mopd.recipes.tiny_world`: the built-in tiny search-QA world, its scripted policy, the
   warm-started pi_0 and `mopd demo`.

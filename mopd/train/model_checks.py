@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Tuple
 
-from mopd.core.recipes import load_recipes
 from mopd.core.registry import Registry
 
 ModelCheck = Callable[[object, object], Optional[str]]
@@ -27,7 +26,6 @@ def register_model_check(kind: str):
 
 
 def model_notices(cfg, model) -> List[Tuple[str, str]]:
-    """(event kind, line) of every registered check that has something to say (the recipes loaded
-    first, so a run of a recipe's preset meets its checks in any process)."""
-    load_recipes()
+    """(event kind, line) of every registered check that has something to say (the registry loads
+    the recipes first, so a run of a recipe's preset meets its checks in any process)."""
     return [(kind, line) for kind, fn in MODEL_CHECKS.items() if (line := fn(cfg, model))]
