@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
-KL_TYPES = ["k1", "k2", "k3"]
-"""The names of the KL estimators (Schulman's k1 = logp - ref; k2 = (logp - ref)^2 / 2;
-k3 = exp(ref - logp) - (ref - logp) - 1; their formulas are in ``mopd_kernels.kl``, where
-``register_kl_estimator`` appends a new one here)."""
+from mopd_kernels.kl import KL_TYPES  # noqa: F401 (the estimators' names: their registry, torch-free)
 
 ADVANTAGE_SOURCES = ("outcome", "opd")
+COEFFICIENTS = ("opd_coef", "pg_coef", "entropy_coef", "kl_coef")
+"""The weights of a role's terms: each a finite number >= 0."""
 
 
 @dataclass(frozen=True)
@@ -49,15 +48,26 @@ class RoleSpec:
     """Label of the role's statistics (``role<r>`` when None)."""
 
     def __post_init__(self):
-        if self.advantage not in ADVANTAGE_SOURCES:
-            raise ValueError(f"RoleSpec.advantage={self.advantage!r}: choose one of {ADVANTAGE_SOURCES}")
-        if self.kl_type not in KL_TYPES:
-            raise ValueError(f"RoleSpec.kl_type={self.kl_type!r}: choose one of {tuple(KL_TYPES)}")
-        for field in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"RoleSpec.{field}={value!r} must be a finite number")
+        problem = spec_problem(self.__dict__)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def is_opd(self) -> bool:
         return self.advantage == "opd"
+
+
+def spec_problem(fields: Mapping[str, object], where: str = "RoleSpec.") -> Optional[str]:
+    """The first bad field of a role spec (``fields``: a RoleSpec's fields, or a config's mapping
+    of them, whose full key ``where`` names), as one line; None when all are good. The one check of
+    a role's fields: ``RoleSpec`` runs it, and so does the run config before it builds one."""
+    for name, choices in (("advantage", ADVANTAGE_SOURCES), ("kl_type", KL_TYPES)):
+        if fields[name] not in choices:
+            return f"{where}{name}={fields[name]!r} is not valid; choose one of {sorted(choices)}"
+    for name in COEFFICIENTS:
+        value = fields[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{where}{name}={value!r} must be a finite number"
+        if value < 0:
+            return f"{where}{name}={value!r} must be >= 0"
+    return None

@@ -36,7 +36,8 @@ import torch
 from mopd_kernels.inputs import LossInputs
 from mopd_kernels.kl import kl_estimate
 from mopd_kernels.objectives import OBJECTIVES
-from mopd_kernels.roles import COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF
+from mopd_kernels.roles import (COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF,
+                                role_table)
 from mopd_kernels.settings import PolicyLossSettings
 
 STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "clip_low_frac", "clip_high_frac", "approx_kl",
@@ -73,6 +74,23 @@ def token_advantages(spec: torch.Tensor, advantages: torch.Tensor, old: torch.Te
     if teacher is None:
         return advantages
     return torch.where(spec[:, COL_IS_OPD] != 0, spec[:, COL_OPD_COEF] * (teacher - old), advantages)
+
+
+def trained_advantages(role_specs, roles: torch.Tensor, advantages: torch.Tensor,
+                       old: Optional[torch.Tensor], teacher: Optional[torch.Tensor]) -> torch.Tensor:
+    """Each position's advantage as its role's loss uses it (fp32, a new tensor), for a caller that
+    holds role specs and role ids rather than table rows (a trainer's statistics): the outcome
+    advantage, ``opd_coef * (teacher_logp - old_logp)`` for an OPD role (0 without both log-probs),
+    0 for a role whose ``pg_coef`` is 0 and where ``roles < 0`` (untrained positions)."""
+    spec = role_table(tuple(role_specs), roles.device)[roles.clamp(min=0).long()]
+    adv = advantages.float()
+    scored = teacher is not None and old is not None
+    if scored:
+        adv = token_advantages(spec, adv, old.float(), teacher.float())
+    dead = (roles < 0) | (spec[:, COL_PG_COEF] == 0)
+    if not scored:
+        dead = dead | (spec[:, COL_IS_OPD] != 0)
+    return torch.where(dead, torch.zeros_like(adv), adv)
 
 
 def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 from mopd.config.checks import ConfigError, choice, positive
 from mopd.config.registries import REWARDS
 from mopd.core.roles import ROLE_TABLE, role_names
-from mopd_kernels.role_spec import RoleSpec
+from mopd_kernels.role_spec import KL_TYPES, RoleSpec
 
 ENTROPY_COEF = 1e-3
 """The entropy bonus of every role unless a preset or override says otherwise (the paper's)."""
@@ -52,8 +52,11 @@ class RewardConfig:
     invalid_reward: float = -1.0
     """Total reward of a role's output with an invalid action format, exactly (no KL subtracted)."""
     kl_coef: float = 0.0
-    """KL-in-reward weight: kl_coef * sum_t (old_logp - ref_logp) over a role's tokens is subtracted
-    from its reward (k1, verl's apply_kl_penalty), towards the reference policy (``reference``)."""
+    """KL-in-reward weight: kl_coef * sum_t kl_t over a role's tokens is subtracted from its reward
+    (verl's apply_kl_penalty), towards the reference policy (``reference``)."""
+    kl_type: str = "k1"
+    """Estimator kl_t of the KL in the reward, one of the kernels' registered estimators
+    (``mopd_kernels.kl``: k1 = old_logp - ref_logp, the paper's and verl's default; k2; k3)."""
     kl_roles: List[str] = field(default_factory=list)
     """Roles whose reward carries the KL term (Stage II: leader, answerer)."""
     critic_em: float = 0.3
@@ -69,6 +72,7 @@ class RewardConfig:
             choice(f"reward.roles.{name}", reward, REWARDS)
         positive("reward.assign_cap", self.assign_cap)
         positive("reward.kl_coef", self.kl_coef, allow_zero=True)
+        choice("reward.kl_type", self.kl_type, KL_TYPES)
         _known_roles("reward.kl_roles", self.kl_roles)
 
     def of(self, role: str) -> str:
@@ -97,10 +101,7 @@ class AlgoConfig:
         positive("algo.clip_high", self.clip_high)
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ConfigError(f"algo.dual_clip={self.dual_clip} must be > 1 (or null)")
-        _known_roles("algo.roles", self.roles)
-        for name, spec in self.roles.items():
-            for coef in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
-                positive(f"algo.roles.{name}.{coef}", getattr(spec, coef), allow_zero=True)
+        _known_roles("algo.roles", self.roles)   # each RoleSpec checks its own fields (role_spec.spec_problem)
 
     def role(self, name: str) -> RoleSpec:
         """The loss terms of ``name``'s tokens (``role_loss()`` for a role the config does not name,

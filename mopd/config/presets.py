@@ -52,7 +52,7 @@ def mopd() -> Config:
         "mopd",
         "Stage II (H-MAS), MultiAgent-OPD: GRPO on R_EM + 0.2 R_assign - KL (Leader), c_ij - KL "
         "(Answerer), per-token OPD from the Stage-I teacher (Searcher). Set teacher.path.",
-        role_loss(advantage="opd", opd_coef=0.01), "none")
+        role_loss(advantage="opd"), "none")
 
 
 @register_preset
@@ -73,7 +73,7 @@ def base_teacher() -> Config:
     cfg = _stage2_base("base_teacher",
                        "Ablation: Searcher OPD from pi_0 (teacher.path = model.path) instead of Stage I; the "
                        "Leader/Answerer KL reference stays the Stage-I model (set reference.path).",
-                       role_loss(advantage="opd", opd_coef=0.01), "none")
+                       role_loss(advantage="opd"), "none")
     cfg.reference.from_teacher = False
     return cfg
 

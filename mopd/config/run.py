@@ -5,11 +5,10 @@ the resolver the pipeline's config shares, :mod:`mopd.config.resolver`)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from mopd.config.checks import ConfigError, choice, finite_floats
+from mopd.config.checks import ConfigError, finite_floats
 from mopd.config.inputs import DataConfig, ModelConfig, RetrieverConfig
 from mopd.config.method import AlgoConfig, ReferenceConfig, RewardConfig, TeacherConfig
 from mopd.config.registries import get_preset
@@ -18,7 +17,7 @@ from mopd.config.rollout import RolloutConfig
 from mopd.config.training import EvalConfig, TrainerConfig
 from mopd.core.roles import role_names
 from mopd.core.workflows import workflow
-from mopd_kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES
+from mopd_kernels.role_spec import spec_problem
 
 ROLLOUT_LOGPROBS_BF16 = (
     "trainer.old_logprobs=rollout needs float32 training: in bfloat16 the engine's cached decoding "
@@ -150,15 +149,12 @@ def _role_keys_in_yaml(layer) -> None:
 
 
 def _check_role_choices(merged) -> None:
-    """The choice fields of each role's RoleSpec, checked where the full key can still be named
-    (RoleSpec's own check, when the config is built, knows only its field)."""
+    """Each role's RoleSpec fields, by the kernels' one check of them, run where the full key can
+    still be named (RoleSpec's own run of it, when the config is built, knows only its field)."""
     for name, spec in merged.algo.roles.items():
-        choice(f"algo.roles.{name}.advantage", spec.advantage, ADVANTAGE_SOURCES)
-        choice(f"algo.roles.{name}.kl_type", spec.kl_type, KL_TYPES)
-        for coef in ("opd_coef", "pg_coef", "entropy_coef", "kl_coef"):
-            value = spec[coef]
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"algo.roles.{name}.{coef}={value} must be a finite number")
+        problem = spec_problem(spec, where=f"algo.roles.{name}.")
+        if problem:
+            raise ConfigError(problem)
 
 
 def to_yaml(cfg: Config) -> str:

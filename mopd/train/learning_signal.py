@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from mopd_kernels.roles import COL_IS_OPD, COL_PG_COEF, role_table
-from mopd_kernels.terms import token_advantages
+from mopd_kernels.terms import trained_advantages as kernel_trained_advantages
 
 from mopd.core.roles import role_names
 
@@ -59,20 +58,11 @@ def signal_token_counts(batches: Sequence, role_specs: Sequence) -> List[float]:
 
 
 def trained_advantages(batch, role_specs: Sequence) -> torch.Tensor:
-    """Each position's advantage as its role's loss uses it (fp32, a new tensor; the loss's own
-    ``mopd_kernels.terms.token_advantages``): the filled outcome advantage, ``opd_coef * (teacher_logp
+    """Each position's advantage as its role's loss uses it (fp32, a new tensor; the kernels'
+    ``mopd_kernels.terms.trained_advantages``): the filled outcome advantage, ``opd_coef * (teacher_logp
     - old_logp)`` for an OPD role (0 before scoring), 0 for a role whose ``pg_coef`` is 0 and on
     untrained positions. Reads the batch only."""
-    roles = batch.roles
-    spec = role_table(tuple(role_specs), roles.device)[roles.clamp(min=0).long()]
-    adv = batch.advantages.float()
-    scored = batch.teacher_logp is not None and batch.old_logp is not None
-    if scored:
-        adv = token_advantages(spec, adv, batch.old_logp.float(), batch.teacher_logp.float())
-    dead = (roles < 0) | (spec[:, COL_PG_COEF] == 0)
-    if not scored:
-        dead = dead | (spec[:, COL_IS_OPD] != 0)
-    return torch.where(dead, torch.zeros_like(adv), adv)
+    return kernel_trained_advantages(role_specs, batch.roles, batch.advantages, batch.old_logp, batch.teacher_logp)
 
 
 def logprob_gap_sums(batches: Sequence) -> List[float]:

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, set_compiled_cpu_rows
+from mopd_kernels.kl import kl_penalty
 from torch.distributed.checkpoint.api import CheckpointException
 from tqdm import tqdm
 
@@ -48,7 +49,7 @@ from mopd.train.learning_signal import (ALL_INVALID, all_invalid, counts_tensor,
                                         no_signal_reason, role_call_counts, role_fractions, signal_token_counts)
 from mopd.train.metrics_log import MetricsLogger, plot_training
 from mopd.train.model_checks import model_notices
-from mopd.train.model import PackedCausalLM, load_causal_lm, master_dtype, resolve_dtype, shard_model
+from mopd.train.model import PackedCausalLM, load_causal_lm, policy_dtype, resolve_dtype, shard_model
 from mopd.train.packing import PackedBatch
 from mopd.train.interrupts import StopSignals
 from mopd.train.memory_plan import PlanError, rollout_config_for_gpu, shard_frozen_models
@@ -57,7 +58,7 @@ from mopd.train.run_dir import truncate_metrics
 from mopd.train.sampler import QuestionSampler
 from mopd.train.step_batches import StepBatches, pack_records
 from mopd.train.step_metrics import LossStats, PhaseTimer, step_metrics
-from mopd.train.teacher import load_frozen_models
+from mopd.train.teacher import attach_adapters, load_frozen_models
 from mopd.train.token_trace import append_traces, trace_lines
 from mopd.train.weight_sync import refresh_engine, release_engine
 
@@ -93,8 +94,9 @@ class PolicyTrainer:
         # Sharded whenever a process group exists: every rank under torchrun, and one GPU alone.
         self.sharded = dist.is_initialized()
         self.model, self.tokenizer = load_causal_lm(
-            cfg.model.path, dtype=master_dtype(cfg.model.dtype, self.device, self.sharded),
+            cfg.model.path, dtype=policy_dtype(cfg.model, self.device, self.sharded),
             device=self.device, attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
+        attach_adapters(cfg, self.model)   # LoRA: the student's adapter and the frozen ones over this base
 
         check_chat_template(self.tokenizer, cfg.model.chat_template_kwargs, name=cfg.model.path)
         self.model.train()
@@ -109,8 +111,10 @@ class PolicyTrainer:
         # Replicated in bf16 on every GPU when the memory plan fits that way (no all-gathers while scoring).
         self.frozen_sharded = self.sharded and shard_frozen_models(cfg, self.world)
         self.frozen = load_frozen_models(cfg, student_tokenizer=self.tokenizer, device=self.device,
-                                         shard=self.frozen_sharded)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
+                                         shard=self.frozen_sharded, policy=self.policy)
+        # every parameter in full fine-tuning; the adapters alone with LoRA (the base is frozen)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.trainer.lr,
                                            weight_decay=cfg.trainer.weight_decay, betas=(0.9, 0.999))
         warm = cfg.trainer.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -308,7 +312,8 @@ class PolicyTrainer:
             self._release_engine()
         with timer("score"):
             step = self.score(records)
-            kl = [b.old_logp - b.ref_logp for b in step.batches] if self._kl_in_reward() else None
+            kl = ([kl_penalty(b.old_logp, b.ref_logp, cfg.reward.kl_type) for b in step.batches]
+                  if self._kl_in_reward() else None)
             kl_sums = step.per_call_sums(kl) if kl is not None else None
             rewards, advantages = step_advantages(cfg, records, kl_sums, judge)
             step.fill_advantages(advantages)
@@ -449,7 +454,7 @@ class PolicyTrainer:
         roles = set(self.cfg.opd_roles()) if model is teacher else set()
         roles |= set(self.cfg.reference_roles()) if model is reference else set()
         return score_needed(lambda b: model.logprobs(b, temp), batch, sorted(role_id(r) for r in roles),
-                            collective=self.frozen_sharded)
+                            collective=model.collective)
 
     def update(self, batches: List[PackedBatch]) -> LossStats:
         """``trainer.ppo_minibatches`` optimizer updates over the micro-batches; each normalised by
