@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Optional, Sequence
+from urllib.parse import quote
 
 from mopd.eval.collapse import COLLAPSE_COLUMNS
 from mopd.eval.costs import COST_FIELDS
@@ -26,6 +28,22 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], first_l
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>()#|!~&])")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` (a dataset name, a question id: from records) as literal Markdown text inside a table
+    cell: its punctuation backslash-escaped, line breaks made spaces."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+
+
+def question_link(dataset: str, qid: str) -> str:
+    """A link to one question in the viewer's page beside the report: ``view.html#q=DATASET/ID``,
+    each part percent-encoded (a ``%``, ``/``, ``#`` or space in an id would else break the link;
+    the page decodes them)."""
+    return f"[{markdown_text(qid)}](view.html#q={quote(str(dataset), safe='')}/{quote(str(qid), safe='')})"
 
 
 def pct(x: Optional[float], digits: int = 2) -> str:
@@ -101,7 +119,8 @@ def difference_links(summary: dict) -> str:
     linked into the viewer's page of them (``view.html`` beside the report)."""
     diff = summary["differences"]
     a, b, k = diff["a"], diff["b"], summary["protocol"]["attempts"]
-    rows = [[d, ", ".join(f"[{r['id']}](view.html#q={d}/{r['id']}) ({signed_pct(r['a'] - r['b'], 0)})" for r in found)]
+    rows = [[markdown_text(d), ", ".join(f"{question_link(d, r['id'])} ({signed_pct(r['a'] - r['b'], 0)})"
+                                         for r in found)]
             for d, found in diff["datasets"].items()]
     intro = (f"**Questions where {a} and {b} differ most** (strict avg@{k}, {a} minus {b}); the links open "
              f"`view.html` beside this report, written by `mopd view RUN_A RUN_B --names {a} {b} --out "

@@ -22,9 +22,13 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the tokenizer that decodes token ids (default: the run's model from run.json/config.yaml)")
     p.add_argument("--max-mb", type=float, default=100.0,
-                   help="bound of the compressed workflow trees; past it, workflows keep texts but not tokens")
+                   help="bound of the page file in MiB: workflows are taken in order with their tokens while they fit, "
+                        "then with their texts only, then listed without a tree, then left out; the page says "
+                        "how many went each way")
     p.add_argument("--title", default=None, help="the page's heading")
-    p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 (Ctrl-C stops)")
+    p.add_argument("--serve", action="store_true",
+                   help="also serve the page (and nothing else) on 127.0.0.1, to browsers that ask for it by a "
+                        "loopback name (Ctrl-C stops)")
     p.add_argument("--port", type=int, default=8000, help="port for --serve (0: any free one)")
     p.set_defaults(func=_view)
 
@@ -33,7 +37,7 @@ def _view(args) -> int:
     from pathlib import Path
 
     from mopd.core.errors import UserError
-    from mopd.view.page import write_page
+    from mopd.view.page import fixed_bytes, write_page
     from mopd.view.page_data import build_page_data
     from mopd.view.sources import model_dir_of, open_source
 
@@ -41,8 +45,10 @@ def _view(args) -> int:
         raise UserError(f"{len(args.sources)} sources: give one, or two to compare")
     if args.names and len(args.names) != len(args.sources):
         raise UserError(f"{len(args.sources)} sources but {len(args.names)} names; give one name per source")
-    if args.max_mb <= 0:
-        raise UserError(f"--max-mb {args.max_mb}: give a positive size")
+    if not 0 < args.max_mb <= 2 ** 20:      # NaN and inf too
+        raise UserError(f"--max-mb {args.max_mb}: give a positive size in MiB (at most 1048576)")
+    if args.serve and not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
     systems = [open_source(s, args.names[i] if args.names else None, args.tokenizer)
                for i, s in enumerate(args.sources)]
     if len({s.name for s in systems}) < len(systems):
@@ -66,15 +72,25 @@ def _view(args) -> int:
     first = Path(args.sources[0])
     out = Path(args.out) if args.out else (first / "view.html" if len(systems) == 1 and first.is_dir()
                                            else Path("view.html"))
-    data = build_page_data(systems, max_bytes=int(args.max_mb * 2 ** 20))
-    if not data.workflows:
-        raise UserError(f"no workflows in {' '.join(args.sources)}")
     title = args.title or "mopd view: " + " vs ".join(s.name for s in systems)
+    fixed = fixed_bytes(title, [{"name": s.name, "source": s.source} for s in systems])
+    if fixed >= args.max_mb * 2 ** 20:
+        raise UserError(f"--max-mb {args.max_mb:g}: the page's script, style and notes alone take "
+                        f"{fixed / 2 ** 20:.3f} MiB; give more")
+    data = build_page_data(systems, max_bytes=int(args.max_mb * 2 ** 20) - fixed)
+    if not data.workflows:
+        raise UserError(f"no workflows in {' '.join(args.sources)}" if not data.dropped else
+                        f"--max-mb {args.max_mb:g} leaves no room for even one workflow; give more")
     path = write_page(data, out, title)
+    cut = (f"; past --max-mb {args.max_mb:g}: {data.past_bound} without tokens, {data.without_tree} without a tree, "
+           f"{data.dropped} left out (the page's footer says so)") if data.past_bound or data.dropped else ""
     print(f"{len(data.workflows)} workflows of {len(data.questions)} questions: {path} "
-          f"({path.stat().st_size / 2 ** 20:.1f} MiB; open it in a browser, no server needed)")
+          f"({path.stat().st_size / 2 ** 20:.1f} MiB; open it in a browser, no server needed){cut}")
     if args.serve:
         from mopd.view.serve import serve
 
-        serve(path, args.port)
+        try:
+            serve(path, args.port)
+        except OSError as e:
+            raise UserError(f"--serve: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}") from None
     return 0

@@ -4,8 +4,15 @@ The list is plain JSON, small (a few numbers and the final answer per workflow) 
 20,000 workflows is a loop over arrays. Each workflow's tree (``timeline.workflow_tree``, with its
 token texts and values) is zlib-compressed JSON in base64, inflated by the browser
 (``DecompressionStream``) only when the workflow is opened. Role prompts, the same in every call of
-a role, are kept once. The file is bounded: once the compressed trees pass ``max_bytes``, later
-workflows keep their texts but not their tokens, and the page says how many kept them.
+a role, are kept once.
+
+The data is bounded (``max_bytes``: what the page may hold besides its fixed script, style and
+notes; ``mopd view --max-mb``), workflows taken in order: while they fit whole, with their token
+texts and values; then with their texts but no tokens; then in the list only, without a tree;
+past that, left out. The page says how many went each way (``PageData``'s counts).
+
+A question is one (dataset, id, question text): two sources (or two records) that give one id to
+two different questions show them as two questions, each marked, never one scored as the other.
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from mopd.core.roles import role_names
+from mopd.view.inline_json import inline_json, no_surrogates
 from mopd.view.timeline import correct, workflow_tree
 from mopd.view.token_text import SCALE, TokenDecoder, opd_signal, quantise, split_by_turn
 
@@ -54,7 +63,8 @@ class PageData:
 
     systems: List[dict] = field(default_factory=list)
     questions: List[list] = field(default_factory=list)
-    """[dataset, id, question, gold answers] of each question, in first-seen order."""
+    """[dataset, id, question, gold answers, 1 if the id also names another question here] of each
+    question, in first-seen order."""
     workflows: List[list] = field(default_factory=list)
     """[system, question, attempt, correct, roles, invalid roles, searches, final answer, step] each."""
     trees: List[str] = field(default_factory=list)
@@ -64,16 +74,28 @@ class PageData:
     with_tokens: int = 0
     """Workflows whose token texts and values were kept."""
     past_bound: int = 0
-    """Workflows built after the trees passed ``max_bytes`` (their tokens left out)."""
+    """Workflows after the first whose tokens did not fit ``max_bytes`` (their tokens left out)."""
+    without_tree: int = 0
+    """Workflows listed without a tree (not even their texts fitted); their ``trees`` entry is ""."""
+    dropped: int = 0
+    """Workflows left out of the page (not even their list entry fitted)."""
     tree_bytes: int = 0
+    data_bytes: int = 0
+    """Bytes of the page's data so far (``as_json``), counted as it grows."""
     max_bytes: int = 0
 
     def as_json(self) -> str:
+        """The data as JSON that can be inlined in the page's script element (``inline_json``)."""
         body = {k: getattr(self, k) for k in ("systems", "questions", "workflows", "trees", "prompts", "signals",
                                               "with_tokens", "tree_bytes", "max_bytes")}
         body["roles"] = list(role_names())
         body["scale"] = SCALE
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+        return inline_json(body)
+
+
+def _size(value) -> int:
+    """Bytes that ``value`` adds to ``as_json`` as one more list item (its comma included)."""
+    return len(inline_json(value).encode()) + 1
 
 
 class _Prompts:
@@ -85,6 +107,14 @@ class _Prompts:
             self.index[text] = len(self.table)
             self.table.append(text)
         return self.index[text]
+
+    def bytes_since(self, n: int) -> int:
+        return sum(_size(t) for t in self.table[n:])
+
+    def forget_since(self, n: int) -> None:
+        for t in self.table[n:]:
+            del self.index[t]
+        del self.table[n:]
 
 
 def _attach_tokens(tree: dict, record: dict, wf: Workflow, decoder: TokenDecoder, signals: set) -> bool:
@@ -129,33 +159,81 @@ def _summary(sys_index: int, q_index: int, record: dict, step: Optional[int]) ->
             record.get("final_answer") or "", step]
 
 
+def _blob(tree: dict) -> str:
+    return base64.b64encode(zlib.compress(no_surrogates(json.dumps(tree, ensure_ascii=False)).encode(), 6)).decode()
+
+
+def _drop_tokens(tree: dict) -> None:
+    for call in tree["calls"].values():
+        for t in call["turns"]:
+            t.pop("tokens", None)
+
+
+def _mark_shared_ids(questions: List[list]) -> None:
+    """Set each question's 5th item to 1 where its (dataset, id) also names another question text."""
+    seen = Counter((q[0], q[1]) for q in questions)
+    for q in questions:
+        q[4] = int(seen[(q[0], q[1])] > 1)
+
+
 def build_page_data(systems: List[System], max_bytes: int = 100 * 2 ** 20) -> PageData:
-    """Every workflow of every system, trees compressed, tokens kept until ``max_bytes``."""
+    """Every workflow of every system, trees compressed, within ``max_bytes`` of data (see the module)."""
     data = PageData(max_bytes=max_bytes)
     prompts = _Prompts(data.prompts)
-    q_index: Dict[Tuple[str, str], int] = {}
+    q_index: Dict[Tuple[str, str, str], int] = {}
     signals: set = set()
+    data.systems = [{"name": system.name, "source": system.source} for system in systems]
+    data.data_bytes = len(data.as_json().encode()) + 64 * len(SIGNALS) + 64   # the signals and counts to come
+    tokens_fit = trees_fit = True
     for s, system in enumerate(systems):
-        data.systems.append({"name": system.name, "source": system.source})
         for wf in system.workflows:
+            if data.dropped:
+                data.dropped += 1      # past the bound: the rest are counted, not built
+                continue
             rec = wf.record
-            key = (rec.get("dataset", ""), rec["question_id"])
-            if key not in q_index:
-                q_index[key] = len(data.questions)
-                data.questions.append([key[0], key[1], rec.get("question", ""), rec.get("answers") or []])
+            key = (rec.get("dataset", ""), rec["question_id"], rec.get("question", ""))
+            question = None if key in q_index else [key[0], key[1], key[2], rec.get("answers") or [], 0]
+            summary = _summary(s, q_index.get(key, len(data.questions)), rec, wf.step)
+            n_prompts = len(data.prompts)
             tree = workflow_tree(rec, prompts)
+            fixed = _size(summary) + (_size(question) if question else 0) + prompts.bytes_since(n_prompts) + 3
+            if data.data_bytes + fixed > max_bytes:
+                prompts.forget_since(n_prompts)
+                data.dropped += 1
+                continue
             tree.update(system=s, attempt=rec.get("attempt", 0), workflow=rec.get("workflow", ""),
                         method=rec.get("method", ""), steps=rec.get("steps", 0), duration=rec.get("duration_s", 0.0),
                         candidates=rec.get("candidates") or [], final=rec.get("final_answer"),
                         correct=correct(rec), step=wf.step,
                         rewards={cid: {k: v for k, v in c.items() if k != "tokens"} for cid, c in wf.calls.items()})
-            if data.tree_bytes >= max_bytes:
+            blob = ""
+            if tokens_fit:
+                its_signals: set = set()
+                had = _attach_tokens(tree, rec, wf, system.decoder, its_signals)
+                blob = _blob(tree)
+                if data.data_bytes + fixed + len(blob) <= max_bytes:
+                    data.with_tokens += had
+                    signals |= its_signals
+                else:
+                    tokens_fit = False
+                    if had:
+                        _drop_tokens(tree)
+                        blob = _blob(tree)
+            if not tokens_fit:
                 data.past_bound += 1
-            elif _attach_tokens(tree, rec, wf, system.decoder, signals):
-                data.with_tokens += 1
-            blob = base64.b64encode(zlib.compress(json.dumps(tree, ensure_ascii=False).encode(), 6)).decode()
+                if trees_fit:
+                    blob = blob or _blob(tree)
+                    trees_fit = data.data_bytes + fixed + len(blob) <= max_bytes
+                if not trees_fit:
+                    blob = ""
+                    data.without_tree += 1
+            if question:
+                q_index[key] = len(data.questions)
+                data.questions.append(question)
+            data.data_bytes += fixed + len(blob)
             data.tree_bytes += len(blob)
             data.trees.append(blob)
-            data.workflows.append(_summary(s, q_index[key], rec, wf.step))
+            data.workflows.append(summary)
     data.signals = [s for s in SIGNALS if s in signals]
+    _mark_shared_ids(data.questions)
     return data

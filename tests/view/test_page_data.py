@@ -3,6 +3,7 @@ spell the text, values where they were traced, the size bound, and a page that l
 
 import base64
 import json
+import random
 import re
 import zlib
 
@@ -64,15 +65,40 @@ def test_traced_tokens_carry_their_values(traced_run):
     assert tree["rewards"]["l0"] == {"reward": 0.5, "advantage": 0.5}
 
 
-def test_past_the_size_bound_workflows_keep_text_not_tokens(eval_root):
+def trees_or_none(data):
+    return [json.loads(zlib.decompress(base64.b64decode(t))) if t else None for t in data.trees]
+
+
+def has_tokens(tree):
+    return any("tokens" in t for c in tree["calls"].values() for t in c["turns"])
+
+
+def test_past_the_size_bound_workflows_keep_text_then_a_list_entry_then_nothing(eval_root):
     whole = build_page_data([open_source(str(eval_root / "eval" / "opd"))])
-    first = len(whole.trees[0])
-    data = build_page_data([open_source(str(eval_root / "eval" / "opd"))], max_bytes=first + 1)
-    assert data.with_tokens == 2
-    kept = trees(data)
-    assert "tokens" in kept[1]["calls"]["s0.0"]["turns"][0] and "tokens" not in kept[2]["calls"]["s0.0"]["turns"][0]
-    assert kept[2]["calls"]["s0.0"]["turns"][0]["text"] == "<search>Where was band 1 formed?</search>"
-    assert data.past_bound == 6 and "token texts and values kept for 2 of 8 workflows" in render_page(data)
+    assert whole.with_tokens == 8 and whole.past_bound == whole.without_tree == whole.dropped == 0
+    assert len(whole.as_json().encode()) <= whole.data_bytes
+    rng = random.Random(3)
+    seen = set()
+    for budget in sorted(rng.sample(range(600, whole.data_bytes), 40)) + [whole.data_bytes]:
+        data = build_page_data([open_source(str(eval_root / "eval" / "opd"))], max_bytes=budget)
+        assert len(data.as_json().encode()) <= budget                     # the bound holds
+        kept = trees_or_none(data)
+        assert len(kept) + data.dropped == 8
+        phases = [0 if t is None else 1 if not has_tokens(t) else 2 for t in kept]
+        assert phases == sorted(phases, reverse=True)                     # tokens, then text, then list only
+        assert phases.count(2) == data.with_tokens and phases.count(0) == data.without_tree
+        assert data.past_bound == len(kept) - data.with_tokens
+        seen.add((data.with_tokens > 0, data.past_bound > data.without_tree, data.without_tree > 0, data.dropped > 0))
+        if 1 in phases:
+            first_text = kept[phases.index(1)]
+            assert first_text["calls"]["s0.0"]["turns"][0]["text"].startswith("<search>Where was band")
+        if data.past_bound or data.dropped:
+            note = render_page(data)
+            assert (f"token texts and values kept for {data.with_tokens} of {len(kept)} workflows" in note) == \
+                bool(data.past_bound)
+            assert (f"The last {data.dropped} workflows of the sources are left out" in note) == bool(data.dropped)
+    assert data.with_tokens == 8
+    assert len({k[i] for k in seen for i in range(4)}) == 2 and len(seen) >= 4   # every phase was reached
 
 
 def test_a_cmas_workflow_and_records_without_token_ids(view_tokenizer):

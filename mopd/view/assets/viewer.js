@@ -30,6 +30,12 @@
     return e;
   }
   const $ = id => document.getElementById(id);
+  // Text from records is isolated from the page's own words around it: in the document as a <bdi>
+  // element, in a tooltip or a label between FSI and PDI with the record's own bidi controls
+  // removed (a U+202E in an answer must not turn "not solved" right to left).
+  const bdi = t => el("bdi", {text: String(t)});
+  const iso = t => "\u2068" + String(t).replace(/[\u202a-\u202e\u2066-\u2069]/g, "") + "\u2069";
+  const bdiJoin = (list, sep) => list.flatMap((t, k) => k ? [sep, bdi(t)] : [bdi(t)]);
   const fmt = (v, d) => (v === null || v === undefined) ? "–" : Number(v).toFixed(d === undefined ? 2 : d);
 
   // ---------------------------------------------------------------- filters
@@ -68,7 +74,7 @@
       const ok = W[j][3];
       td.append(el("span", {class: "att " + (passes(j) ? (ok ? "ok" : "bad") : "none"),
                             title: `attempt ${W[j][2]}${W[j][8] !== null ? " step " + W[j][8] : ""}: ` +
-                                   `${ok ? "solved" : "not solved"}, answer: ${W[j][7] || "(none)"}`}));
+                                   `${ok ? "solved" : "not solved"}, answer: ${W[j][7] ? iso(W[j][7]) : "(none)"}`}));
     }
     td.append(" " + fmt(score[i][s]));
     return td;
@@ -81,9 +87,11 @@
       const q = Q[i];
       const tr = el("tr", {class: "qrow" + (i === state.open ? " sel" : ""), "data-q": String(i),
                            onclick: () => openQuestion(i)},
-                    el("td", {text: q[0]}), el("td", {text: q[2].length > 120 ? q[2].slice(0, 120) + "…" : q[2],
-                                                     title: q[1]}),
-                    el("td", {text: q[3].join(" | ")}));
+                    el("td", {}, bdi(q[0])),
+                    el("td", {title: q[1]}, bdi(q[2].length > 120 ? q[2].slice(0, 120) + "…" : q[2]),
+                       q[4] ? el("span", {class: "shared", title: "this id also names another question (of another " +
+                                          "text) in these sources: shown apart", text: " ⚠"}) : null),
+                    el("td", {}, ...bdiJoin(q[3], " | ")));
       for (let s = 0; s < NS; s++) tr.append(outcomeCell(i, s));
       if (NS > 1) tr.append(el("td", {text: fmt(diff[i])}));
       body.append(tr);
@@ -120,26 +128,26 @@
     tk.pieces.forEach((p, k) => {
       const v = vals[k] / D.scale;
       box.append(el("span", {class: "tok", "data-v": String(v), style: `background:${colour(state.signal, v)}`,
-                             title: `${state.signal} ${v.toFixed(2)} (${role})`, text: p}));
+                             title: `${state.signal} ${v.toFixed(2)} (${iso(role)})`, text: p}));
     });
     return box;
   }
   function eventNode(e, said) {
     const d = el("div", {class: "event ev-" + e.kind});
     if (e.kind === "search") {
-      d.append(el("span", {class: "k", text: "search: "}), e.text);
+      d.append(el("span", {class: "k", text: "search: "}), bdi(e.text));
       const ol = el("ol", {class: "passages"});
       for (const p of e.passages || [])
         ol.append(el("li", {}, el("details", {}, el("summary", {text: p.title || p.id || "(untitled)"}), el("div", {text: p.text}))));
       if (!(e.passages || []).length) ol.append(el("li", {class: "meta", text: "no passages (search not run)"}));
       d.append(ol);
     } else if (e.kind === "invalid") {
-      d.append(el("span", {class: "invalid", text: "invalid action: " + e.reason}));
+      d.append(el("span", {class: "invalid"}, "invalid action: ", bdi(e.reason)));
       if (e.text !== said) d.append(el("div", {class: "out", text: e.text}));
     } else if (e.kind === "select") {
-      d.append(el("span", {class: "k", text: "select: "}), "reports " + (e.selection || []).join(", "));
+      d.append(el("span", {class: "k", text: "select: "}), "reports ", bdi((e.selection || []).join(", ")));
     } else {
-      d.append(el("span", {class: "k", text: e.kind.replace("_", " ") + ": "}), e.text);
+      d.append(el("span", {class: "k", text: e.kind.replace("_", " ") + ": "}), bdi(e.text));
     }
     return d;
   }
@@ -156,15 +164,15 @@
   function callSummary(tr, cid) {
     const c = tr.calls[cid];
     const r = (tr.rewards || {})[cid] || {};
-    const bits = [el("span", {class: "role", text: `${c.role} ${cid}`})];
-    if (c.role === "searcher" && c.parent) bits.push(" · task: " + (c.parent.length > 80 ? c.parent.slice(0, 80) + "…" : c.parent));
+    const bits = [el("span", {class: "role"}, bdi(c.role), " ", bdi(cid))];
+    if (c.role === "searcher" && c.parent) bits.push(" · task: ", bdi(c.parent.length > 80 ? c.parent.slice(0, 80) + "…" : c.parent));
     bits.push(el("span", {class: "meta", text: ` · in ${c.input_tokens} / out ${c.output_tokens} tokens` +
       (r.reward !== undefined && r.reward !== null ? ` · reward ${fmt(r.reward, 3)}` : "") +
       (r.advantage !== undefined && r.advantage !== null ? ` · advantage ${fmt(r.advantage, 3)}` : "") +
       (c.truncated ? " · input cut" : "")}));
     if (c.invalid) {
       const why = c.turns.flatMap(t => t.events).filter(e => e.kind === "invalid").map(e => e.reason);
-      bits.push(el("span", {class: "invalid", text: " · invalid: " + (why.join("; ") || "yes")}));
+      bits.push(el("span", {class: "invalid"}, " · invalid: ", ...(why.length ? bdiJoin(why, "; ") : ["yes"])));
     }
     return bits;
   }
@@ -183,7 +191,7 @@
     if (b.kind === "turn") {
       const c = tr.calls[b.call];
       const d = el("details", {class: "node call " + c.role, "data-call": b.call, open: ""},
-                   el("summary", {}, el("span", {class: "role", text: `${c.role} turn ${b.turn + 1}`}),
+                   el("summary", {}, el("span", {class: "role"}, bdi(c.role), ` turn ${b.turn + 1}`),
                       el("span", {class: "meta", text: ` · step ${b.step}`})));
       if (b.turn === 0) d.append(el("div", {}, ...callSummary(tr, b.call)), promptFold(c));
       turnNodes(c.turns[b.turn], c, b.call, b.turn, d);
@@ -202,11 +210,11 @@
   }
   function renderTree(tr, j) {
     const box = el("div", {class: "wf", "data-wf": String(j)});
-    box.append(el("div", {class: "meta", text: `${tr.workflow} · ${tr.method || ""} · ${tr.steps} steps · ` +
-      `${fmt(tr.duration, 1)} s` + (tr.step !== null && tr.step !== undefined ? ` · training step ${tr.step}` : "")}));
+    box.append(el("div", {class: "meta"}, bdi(tr.workflow), " · ", bdi(tr.method || ""), ` · ${tr.steps} steps · ` +
+      `${fmt(tr.duration, 1)} s` + (tr.step !== null && tr.step !== undefined ? ` · training step ${tr.step}` : "")));
     for (const b of tr.blocks) box.append(block(tr, b));
-    box.append(el("div", {class: "final " + (tr.correct ? "ok" : "bad"),
-                          text: `final answer: ${tr.final === null ? "(none)" : tr.final} · ${tr.correct ? "solved" : "not solved"}`}));
+    box.append(el("div", {class: "final " + (tr.correct ? "ok" : "bad")}, "final answer: ",
+                  tr.final === null ? "(none)" : bdi(tr.final), ` · ${tr.correct ? "solved" : "not solved"}`));
     return box;
   }
 
@@ -216,7 +224,7 @@
     const pick = state.chosen[s] !== undefined && list.includes(state.chosen[s]) ? state.chosen[s] :
       (list.find(passes) !== undefined ? list.find(passes) : list[0]);
     col.textContent = "";
-    col.append(el("h2", {text: `${D.systems[s].name} · ${fmt(score[i][s])}`}));
+    col.append(el("h2", {}, bdi(D.systems[s].name), ` · ${fmt(score[i][s])}`));
     if (!list.length) { col.append(el("div", {class: "meta", text: "no workflow of this question"})); return; }
     const bar = el("div", {class: "attempts"});
     for (const j of list) {
@@ -225,6 +233,11 @@
         onclick: () => { state.chosen[s] = j; renderColumn(i, s, col); }}));
     }
     col.append(bar);
+    if (!D.trees[pick]) {   // left out to keep the page within --max-mb (the footer says how many)
+      col.append(el("div", {class: "meta left-out", text: "this workflow's tree was left out to keep the page " +
+                            "within --max-mb (see the note at the bottom of the page)"}));
+      return;
+    }
     const tr = await tree(pick);
     col.append(renderTree(tr, pick));
   }
@@ -236,8 +249,10 @@
     const detail = $("detail");
     detail.textContent = "";
     const wrap = el("div", {style: "flex:1;min-width:0"});
-    wrap.append(el("div", {class: "qhead"}, el("b", {text: `${q[0]} · ${q[1]}: `}), q[2],
-                       el("div", {class: "meta", text: "gold: " + q[3].join(" | ")})));
+    wrap.append(el("div", {class: "qhead"}, el("b", {}, bdi(q[0]), " · ", bdi(q[1]), ": "), bdi(q[2]),
+                   q[4] ? el("div", {class: "shared", text: "⚠ this id also names another question (of another text) " +
+                                     "in these sources; they are shown apart"}) : null,
+                   el("div", {class: "meta"}, "gold: ", ...bdiJoin(q[3], " | "))));
     const cols = el("div", {style: "display:flex;gap:8px;align-items:flex-start"});
     wrap.append(cols);
     detail.append(wrap);
@@ -252,9 +267,14 @@
   }
 
   // ---------------------------------------------------------------- controls
-  function openFromHash() {   // #q=DATASET/ID: the report's links
-    const m = /^#q=(.*)$/.exec(decodeURIComponent(location.hash));
-    const i = m ? Q.findIndex(q => q[0] + "/" + q[1] === m[1]) : -1;
+  const decode = s => { try { return decodeURIComponent(s); } catch (e) { return s; } };   // a stray % stays
+  function openFromHash() {   // #q=DATASET/ID, each part percent-encoded (the report's links); older links unencoded
+    if (!location.hash.startsWith("#q=")) return;
+    const raw = location.hash.slice(3);
+    const cut = raw.indexOf("/");
+    const ds = decode(raw.slice(0, cut)), id = decode(raw.slice(cut + 1)), whole = decode(raw);
+    let i = cut >= 0 ? Q.findIndex(q => q[0] === ds && q[1] === id) : -1;
+    if (i < 0) i = Q.findIndex(q => q[0] + "/" + q[1] === whole || q[0] + "/" + q[1] === raw);
     if (i >= 0) openQuestion(i);
   }
   function setup() {
@@ -277,8 +297,8 @@
     on("prev", "click", () => { state.page--; renderList(); });
     on("next", "click", () => { state.page++; renderList(); });
     const head = $("list-head");
-    for (const s of D.systems) head.append(el("th", {text: s.name}));
-    if (NS > 1) head.append(el("th", {text: `Δ (${D.systems[0].name} − ${D.systems[1].name})`}));
+    for (const s of D.systems) head.append(el("th", {}, bdi(s.name)));
+    if (NS > 1) head.append(el("th", {}, "Δ (", bdi(D.systems[0].name), " − ", bdi(D.systems[1].name), ")"));
     applyFilters();
     openFromHash();
     window.addEventListener("hashchange", openFromHash);
