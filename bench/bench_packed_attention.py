@@ -107,7 +107,7 @@ def peak_mib(fn, model, batches) -> float:
 def tiny_model():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from mopd.recipes.tiny_world.tiny_model import TinyModelSpec
+    from tests.helpers.tiny_model import TinyModelSpec
 
     s = TinyModelSpec()
     torch.manual_seed(0)

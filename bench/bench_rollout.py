@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mopd.core.qa import QAExample
-from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+from tests.helpers.tiny_model import init_tiny_model
 from mopd.rollout.hf_engine import HFEngine
 from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows

@@ -28,7 +28,7 @@ SPECS = [RoleSpec(entropy_coef=1e-3), RoleSpec(advantage="opd"), RoleSpec(entrop
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     d = init_tiny_model(tmp_path_factory.mktemp("m"), vocab_size=1024, hidden=128, layers=2, heads=4, ffn=384)
     model, _ = load_causal_lm(str(d), dtype=torch.float32, device=torch.device("cpu"))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from mopd.core.roles import role
-from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+from tests.helpers.tiny_model import init_tiny_model
 from mopd.view.page import write_page
 from mopd.view.page_data import build_page_data
 from mopd.view.sources import open_source

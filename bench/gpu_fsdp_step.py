@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     from mopd.algo.advantages import role_specs
     from mopd.config import PRESETS  # the preset itself: no omegaconf on the GPU image
     from mopd.core.generation import GenerationRequest, SamplingParams
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
     from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings
     from mopd.rollout.hf_engine import HFEngine
     from mopd.train import checkpoint as ckpt

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         print("FAIL gpu_train_step: no CUDA device (use --dry-run for the CPU self-check)", flush=True)
         return 1
     from mopd.config import resolve
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
     from mopd.train.trainer import PolicyTrainer
 
     tmp = Path(tempfile.mkdtemp(prefix="mopd_gpu_step_"))

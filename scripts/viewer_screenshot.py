@@ -15,7 +15,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from mopd.cli import main
-from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+from tests.helpers.tiny_model import init_tiny_model
 from tests.helpers.browser import chromium, wait_for
 from tests.helpers.scripted_hmas import write_eval_dirs
 

@@ -1,7 +1,6 @@
-"""Bit-reproducible CPU runs: the pinned environment, and a tiny run of the demo's stages that gives
-the same weights and metrics, bit for bit, in two fresh processes (with different hash seeds)."""
+"""Bit-reproducible CPU runs: the pinned environment and deterministic torch (the tiny world's
+seeded run in two fresh processes is in tests/recipes/tiny_world/test_reproducible_demo.py)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import pytest
 
 from mopd.core.reproducible import CPU_ENV, pin_cpu_environment
 
-WORKER = Path(__file__).with_name("determinism_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,40 +23,21 @@ def test_pin_sets_what_is_missing_and_keeps_what_the_user_set():
     assert env["PATH"] == "/bin" and set(got) == set(CPU_ENV)
 
 
-def _run(tmp: Path, hash_seed: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in CPU_ENV}
-    pin_cpu_environment(env)
-    env.update(PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
-    out = subprocess.run([sys.executable, str(WORKER), str(tmp)], env=env, capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.slow
-def test_same_seed_same_bits_in_fresh_processes(tmp_path):
-    a = _run(tmp_path / "a", "1")
-    b = _run(tmp_path / "b", "2")
-    assert a["env"] == b["env"] == {k: os.environ.get(k, v) for k, v in CPU_ENV.items()}
-    assert a["torch_threads"] == 1
-    assert a["pi0_losses"] == b["pi0_losses"] and len(a["pi0_losses"]) == 3
-    assert a["pi0"] == b["pi0"]
-    assert a["stage1_metrics"] == b["stage1_metrics"] and len(a["stage1_metrics"]) >= 1
-    assert a["stage1"] == b["stage1"]
-    assert a["stage1"] != a["pi0"]
-
-
 def test_cli_pins_the_environment_before_torch_loads():
-    """`mopd world ...` and `mopd demo` pin the variables in the handler's process (torch not yet loaded
-    when they are set); another command leaves the environment alone."""
+    """A command that asks for it (``pin_cpu=True``: `mopd demo`, `mopd world ...`) gets the pinned
+    variables in its handler's process, torch not yet loaded when they are set; another command
+    leaves the environment alone."""
     code = ("import os, sys\n"
-            "import mopd.cli, mopd.commands as mc, mopd.recipes.tiny_world.commands as dc\n"
+            "import mopd.cli, mopd.commands as mc\n"
             "def handler(args):\n"
             "    print('torch' in sys.modules, os.environ.get('MKL_CBWR'))\n"
-            "dc._build = mc._list = handler\n"   # registered by build_parser, which main() calls
+            "real = mc.register\n"
+            "def register(sub):\n"
+            "    real(sub)\n"
+            "    sub.add_parser('pinned').set_defaults(func=handler, pin_cpu=True)\n"
+            "mc.register, mc._list = register, handler\n"   # read by build_parser, which main() calls
             "mopd.cli.main(['config', 'list'])\n"
-            "mopd.cli.main(['world', 'build', '--out', 'x'])\n")
+            "mopd.cli.main(['pinned'])\n")
     env = {k: v for k, v in os.environ.items() if k not in CPU_ENV}
     out = subprocess.run([sys.executable, "-c", code], env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True,
                          text=True, timeout=120, cwd=ROOT)

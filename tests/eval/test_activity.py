@@ -84,7 +84,7 @@ def test_activity_per_dataset_and_macro_and_na_for_a_cascade(tmp_path):
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     return AutoTokenizer.from_pretrained(init_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 

@@ -14,7 +14,7 @@ from mopd.core.qa import QAExample, write_questions
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     return init_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=1, heads=2, ffn=64,
                            max_positions=4096)

@@ -37,7 +37,7 @@ def test_evaluation_engines_default_to_float16_on_gpu(monkeypatch):
 
 
 def test_hf_engine_loads_float16_weights(tmp_path):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
     from mopd.rollout.hf_engine import HFEngine
 
     path = init_tiny_model(tmp_path / "m", vocab_size=300, hidden=16, layers=1, heads=2, ffn=32)

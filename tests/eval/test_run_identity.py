@@ -109,7 +109,7 @@ def test_eval_run_cli_refuses_another_export_in_the_same_out(tmp_path, monkeypat
     pytest.importorskip("transformers")
     import mopd.retriever
     from mopd.cli import main
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     class _Retriever:
         def search(self, queries, k):

@@ -49,7 +49,7 @@ def peaked_tiny_model(out_dir, *, scale: float = 6.0, **spec):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     path = init_tiny_model(out_dir, **spec)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

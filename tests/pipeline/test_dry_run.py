@@ -8,32 +8,13 @@ import pytest
 
 from mopd.cli import main
 from mopd.pipeline.presets import PAPER_MODEL
-
-
-def _refuse(*a, **k):
-    raise AssertionError("a dry run loaded or ran something")
+from tests.helpers.dry_run import refuse_loading
 
 
 @pytest.fixture
 def nothing_loads(monkeypatch):
     """Every loader and launcher a stage uses fails the test when called."""
-    import transformers
-
-    import mopd.core.qa
-    import mopd.recipes.tiny_world.world
-    import mopd.recipes.tiny_world.warmstart
-    import mopd.eval.runner
-    import mopd.pipeline.run
-    import mopd.retriever
-    import mopd.train.trainer
-
-    monkeypatch.setattr(mopd.train.trainer.PolicyTrainer, "__init__", _refuse)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _refuse)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", _refuse)
-    for module, name in ((mopd.retriever, "load_retriever"), (mopd.eval.runner, "evaluate"),
-                         (mopd.recipes.tiny_world.world, "build_world"), (mopd.recipes.tiny_world.warmstart, "build_pi0"),
-                         (mopd.core.qa, "load_questions"), (mopd.pipeline.run.subprocess, "call")):
-        monkeypatch.setattr(module, name, _refuse)
+    refuse_loading(monkeypatch)
 
 
 def _gb(n: float) -> str:
@@ -72,15 +53,6 @@ def test_a_model_without_config_json_has_unknown_disk(nothing_loads, capsys, tmp
     out = capsys.readouterr().out
     assert "disk: unknown (unknown (no config.json for" in out and "memory per GPU: unknown" in out
     assert "(model size unknown)" in out
-
-
-def test_the_demos_dry_run_lists_its_world_and_pi0_stages(nothing_loads, capsys, tmp_path):
-    assert main(["pipeline", "demo_quick", "--dry-run", f"root={tmp_path}/d"]) == 0
-    out = capsys.readouterr().out
-    for key in ("world", "pi0", "pi0_check", "stage1", "stage2.mopd", "stage2.no_searcher_supervision",
-                "eval.no_searcher_supervision", "report"):
-        assert f"] {key}: " in out
-    assert "in-process: mopd.recipes.tiny_world.world.build_world" in out and "mopd.recipes.tiny_world.stages.claims_report" in out
 
 
 def test_a_dry_run_imports_no_torch():

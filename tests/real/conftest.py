@@ -1,4 +1,4 @@
-"""Fixtures of the real-model tests: the converted model, its template variants, the quick world."""
+"""Fixtures of the real-model tests: the converted model, its template variants, a small search-QA world."""
 
 import pytest
 
@@ -24,8 +24,7 @@ def template_models(real_script, real_model):
 
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
-    """The quick demo world with a BM25 index (seconds to build, no encoder)."""
-    from mopd.recipes.tiny_world.world import QUICK_WORLD, WorldSettings, build_world
+    """A small search-QA world with a BM25 index (tests.helpers.qa_world: seconds to build, no encoder)."""
+    from tests.helpers.qa_world import build_qa_world
 
-    return build_world(tmp_path_factory.mktemp("world") / "w",
-                       settings=WorldSettings(seed=0, index_kind="bm25", **QUICK_WORLD))
+    return build_qa_world(tmp_path_factory.mktemp("world") / "w")

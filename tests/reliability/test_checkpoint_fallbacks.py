@@ -16,7 +16,7 @@ from tests.reliability.runs import model_and_optimizer, step_dir, train_a_bit, w
 
 @pytest.fixture(scope="module")
 def other_size_model(tmp_path_factory):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     out = tmp_path_factory.mktemp("other_model")
     return str(init_tiny_model(out, vocab_size=400, hidden=64, layers=1, heads=2, ffn=96, seed=1))

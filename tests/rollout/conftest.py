@@ -3,7 +3,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     return init_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 

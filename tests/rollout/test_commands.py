@@ -42,7 +42,7 @@ def test_init_tiny_writes_a_loadable_model(tmp_path, capsys):
 def test_tiny_model_is_deterministic(tmp_path):
     from safetensors.torch import load_file
 
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     a = load_file(init_tiny_model(tmp_path / "a", seed=1) / "model.safetensors")
     b = load_file(init_tiny_model(tmp_path / "b", seed=1) / "model.safetensors")

@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     out = tmp_path_factory.mktemp("tiny_model")
     return str(init_tiny_model(out, vocab_size=400, hidden=32, layers=1, heads=2, ffn=64, seed=0))

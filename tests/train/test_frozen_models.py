@@ -9,7 +9,7 @@ from mopd.config import ConfigError, resolve
 @pytest.fixture(scope="module")
 def stage1_dir(tmp_path_factory):
     """A second tiny model with the same tokenizer and other weights (stands in for the Stage-I export)."""
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     out = tmp_path_factory.mktemp("stage1")
     return str(init_tiny_model(out, vocab_size=400, hidden=32, layers=1, heads=2, ffn=64, seed=1))

@@ -49,7 +49,7 @@ def _tiny_preset_trainer(model_dir, qa_file, out, **extra):
 
 def test_a_tiny_preset_with_a_larger_model_says_whose_learning_rate_it_has(tiny_model_dir, qa_file, tmp_path,
                                                                            capsys):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     # three layers where the tiny world's model has two (the hidden size is smaller than its 128)
     deeper = str(init_tiny_model(tmp_path / "deeper", vocab_size=400, hidden=32, layers=3, heads=2, ffn=64))
@@ -62,7 +62,7 @@ def test_a_tiny_preset_with_a_larger_model_says_whose_learning_rate_it_has(tiny_
 
 
 def test_a_tiny_preset_with_a_tiny_model_or_its_own_lr_says_nothing(tiny_model_dir, qa_file, tmp_path, capsys):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     _tiny_preset_trainer(tiny_model_dir, qa_file, tmp_path / "a")          # hidden 32, 1 layer
     wider = str(init_tiny_model(tmp_path / "wider", vocab_size=400, hidden=192, layers=1, heads=2, ffn=64))

@@ -71,7 +71,7 @@ def test_teacher_logprobs_equal_direct_forward(tiny_model_dir):
 
 
 def test_teacher_with_other_tokenizer_is_a_clear_error(tiny_model_dir, qa_file, tmp_path):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
     from mopd.train.model import ModelLoadError
 
     other = init_tiny_model(tmp_path / "other", corpus_texts=["zebra quartz " * 50], vocab_size=300, hidden=32,

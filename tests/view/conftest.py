@@ -10,7 +10,7 @@ from tests.helpers.scripted_hmas import scripted_records, write_eval_dirs
 
 @pytest.fixture(scope="session")
 def view_model_dir(tmp_path_factory):
-    from mopd.recipes.tiny_world.tiny_model import init_tiny_model
+    from tests.helpers.tiny_model import init_tiny_model
 
     return str(init_tiny_model(tmp_path_factory.mktemp("view_model") / "model"))
 

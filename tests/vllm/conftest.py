@@ -40,9 +40,8 @@ def hf_reference(vllm_model_dir):
 
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
-    """The quick demo world with a BM25 index (seconds to build, no encoder)."""
+    """A small search-QA world with a BM25 index (tests.helpers.qa_world: seconds to build, no encoder)."""
     require_vllm()
-    from mopd.recipes.tiny_world.world import QUICK_WORLD, WorldSettings, build_world
+    from tests.helpers.qa_world import build_qa_world
 
-    return build_world(tmp_path_factory.mktemp("world") / "w",
-                       settings=WorldSettings(seed=0, index_kind="bm25", **QUICK_WORLD))
+    return build_qa_world(tmp_path_factory.mktemp("world") / "w")
