@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 from mopd.core.recipes import failure_note
 
@@ -36,3 +37,38 @@ def finite_floats(obj, prefix: str = "") -> None:
             finite_floats(value, f"{prefix}{f.name}.")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{prefix}{f.name}={value} must be a finite number")
+
+
+PATH_KEYS = ("model.path", "teacher.path", "reference.path", "data.train", "data.dev", "retriever.index",
+             "retriever.token_file", "trainer.out_dir")
+"""The run's settings that name files or directories (:func:`fitting_paths` checks them)."""
+NAME_MAX = 255
+"""Bytes of one file name that Linux file systems (ext4, xfs, btrfs, tmpfs, NFS) accept."""
+PATH_MAX = 4096
+"""Bytes of a whole path the kernel accepts."""
+
+
+def path_fits(name: str, value: str) -> None:
+    """``value`` can name a file: no NUL byte, no name in it past NAME_MAX bytes, the whole under
+    PATH_MAX (else every open or stat of it is an ``OSError`` traceback, far from the setting)."""
+    if not value:
+        return
+    if "\0" in value:
+        raise ConfigError(f"{name}: the path holds a NUL byte, which no file name can")
+    raw = os.fsencode(value)
+    if len(raw) >= PATH_MAX:
+        raise ConfigError(f"{name}: the path is {len(raw)} bytes long; the system takes at most {PATH_MAX - 1}")
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        shown = os.fsdecode(longest[:24])
+        raise ConfigError(f"{name}: the name {shown!r}... in the path is {len(longest)} bytes long; a file name "
+                          f"is at most {NAME_MAX} bytes")
+
+
+def fitting_paths(cfg) -> None:
+    """:func:`path_fits` for every :data:`PATH_KEYS` setting of a run config."""
+    for key in PATH_KEYS:
+        section, field = key.split(".")
+        value = getattr(getattr(cfg, section, None), field, None)
+        if isinstance(value, str):
+            path_fits(key, value)

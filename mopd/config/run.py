@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from mopd.config.checks import ConfigError, finite_floats
+from mopd.config.checks import ConfigError, finite_floats, fitting_paths
 from mopd.config.inputs import DataConfig, ModelConfig, RetrieverConfig
 from mopd.config.method import AlgoConfig, ReferenceConfig, RewardConfig, TeacherConfig
 from mopd.config.registries import get_preset
@@ -55,6 +55,7 @@ class Config:
 
     def __post_init__(self):
         finite_floats(self)
+        fitting_paths(self)
         idle = [r for r in self.opd_roles() if r not in workflow(self.rollout.workflow).roles]
         if idle:
             raise ConfigError(f"algo.roles.{idle[0]}.advantage=opd makes no sense for the {self.rollout.workflow} "

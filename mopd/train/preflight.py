@@ -72,6 +72,17 @@ def _questions(key: str, path: str, skip_malformed: bool = False) -> list:
     return questions
 
 
+def check_step_size(per_step: int, n: int, train: str) -> None:
+    """A step deals ``per_step`` questions of the ``n`` in data.train, running into the next epoch
+    when it passes the end (so a step may hold a question twice); more than twice the training set
+    is refused: it would go round the data again and again within one step (and a step of 10**23
+    questions would grow its index list until memory ran out instead of starting)."""
+    if per_step > 2 * n:
+        raise PreflightError(f"trainer.questions_per_step={per_step} but data.train={train} holds {n} questions: "
+                             f"a step may deal each question at most twice; set trainer.questions_per_step={n} "
+                             "or less (one epoch a step), or give more questions")
+
+
 def _question_key(text: str) -> str:
     return " ".join(text.lower().split()).rstrip(" ?.!")
 
@@ -142,6 +153,7 @@ def _check_training_inputs(cfg) -> list[str]:
     if cfg.reference_roles():
         check_model_path("reference.path" if cfg.reference.path else "teacher.path", cfg.reference_path())
     train = _questions("data.train", cfg.data.train, cfg.data.skip_malformed)
+    check_step_size(cfg.trainer.questions_per_step, len(train), cfg.data.train)
     notes = []
     if cfg.data.dev:
         dev = _questions("data.dev", cfg.data.dev, cfg.data.skip_malformed)
