@@ -293,7 +293,8 @@ def _pi0_check(args) -> int:
 
     try:
         items = list(args.world) + (["index_kind=bm25"] if args.bm25 else [])
-        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_steps=args.pi0_steps, pi0_items=args.pi0,
+        steps = [f"steps={args.pi0_steps}"] if args.pi0_steps is not None else []
+        rows = check_seeds(args.out, args.seeds, world_items=items, pi0_items=[*args.pi0, *steps],
                            attempts=args.attempts, weak=WeakPi0(em=args.weak_pi0_em), log=log)
     except ValueError as e:
         raise UserError(str(e)) from None

@@ -82,7 +82,7 @@ def check_policy(model_dir, world_dir, *, split: str = "test", workflows: Sequen
     questions = load_split(paths, split)
     out = {}
     for wf in workflows:
-        settings = workflow_settings(wf, temperature=temperature, top_p=EvalConfig.top_p, seed=seed)
+        settings = workflow_settings(wf, temperature=EvalConfig.temperature, top_p=EvalConfig.top_p, seed=seed)
         records = run_workflows(engine, retriever, engine.tokenizer, questions, settings, attempts=attempts,
                                 method="pi0-check", progress=progress)
         out[wf] = summarize(records)
@@ -169,15 +169,15 @@ def check_pi0_cached(pi0, world_dir, path, *, attempts: int, seed: int, weak: We
     return out
 
 
-def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), pi0_steps=None,
-                pi0_items: Sequence[str] = (), attempts: int = 4, weak: WeakPi0 = WeakPi0(), log=None,
-                workers: int = 2) -> Dict[int, dict]:
+def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), pi0_items: Sequence[str] = (),
+                attempts: int = 4, weak: WeakPi0 = WeakPi0(), log=None, workers: int = 2) -> Dict[int, dict]:
     """For each seed, the world and pi_0 as ``mopd demo --seeds`` builds them (ROOT/seedN/world,
     ROOT/seedN/pi0: the demo reuses them) and their dev check (ROOT/seedN/pi0_check.json);
     writes ROOT/pi0_check.json with every seed's verdict. ``world_items`` are the world's
     KEY=VALUE settings (``index_kind=bm25`` among them), ``pi0_items`` the warm start's
-    (:func:`mopd.recipes.tiny_world.warmstart.parse_pi0_settings`); ``workers``: processes of the demonstrations
-    and of the dev check."""
+    (:func:`mopd.recipes.tiny_world.warmstart.parse_pi0_settings`; a later KEY wins, so
+    ``steps=N`` appended sets the SFT steps); ``workers``: processes of the demonstrations and of
+    the dev check."""
 
     from mopd.recipes.tiny_world.warmstart import build_pi0, parse_pi0_settings
 
@@ -190,8 +190,6 @@ def check_seeds(root, seeds: Sequence[int], *, world_items: Sequence[str] = (), 
         world = build_world(d / "world", settings=parse_world_settings(world_items, seed=n))
         deterministic_torch(1)
         kw = parse_pi0_settings(pi0_items)
-        if pi0_steps is not None:
-            kw["steps"] = pi0_steps
         pi0 = build_pi0(world.root, d / "pi0", seed=n, threads=1, demo_workers=workers, **kw)
         out[n] = check_pi0_cached(pi0, world.root, d / "pi0_check.json", attempts=attempts, seed=n,
                                   weak=weak, log=log, workers=workers)
@@ -237,9 +235,9 @@ class AnswererOnly:
 
 
 def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Sequence[str] = ("cmas", "hmas"),
-                   temperature: float = 0.6, seed: int = 0, attempts: int = 4, style=None,
-                   progress: bool = False) -> Dict[str, dict]:
-    """``{workflow: summarize(records)}`` of the scripted team (:mod:`mopd.recipes.tiny_world.scripted_policy`,
+                   seed: int = 0, attempts: int = 4, style=None, progress: bool = False) -> Dict[str, dict]:
+    """``{workflow: summarize(records)}``, sampling as the evaluation does (``EvalConfig``'s
+    temperature and top_p), of the scripted team (:mod:`mopd.recipes.tiny_world.scripted_policy`,
     ``style`` or its defaults) with ``model_dir``'s Answerer, on a split of the world; also
     ``{workflow}_scripted``: the same workflows with the scripted Answerer, for comparison
     (same seeds, so the same Leader and Searcher draws up to the Answerer's turn). Each summary
@@ -260,7 +258,7 @@ def check_answerer(model_dir, world_dir, *, split: str = "dev", workflows: Seque
     policy = world_policy(paths.root, style or DemoStyle())
     out = {}
     for wf in workflows:
-        settings = workflow_settings(wf, temperature=temperature, top_p=EvalConfig.top_p, seed=seed)
+        settings = workflow_settings(wf, temperature=EvalConfig.temperature, top_p=EvalConfig.top_p, seed=seed)
         for name, engine in ((wf, AnswererOnly(DemoEngine(policy, tok, seed=seed), model, tok)),
                              (f"{wf}_scripted", DemoEngine(policy, tok, seed=seed))):
             records = run_workflows(engine, retriever, tok, questions, settings, attempts=attempts,
