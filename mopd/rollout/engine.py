@@ -38,6 +38,11 @@ class EngineCapabilities:
     """Its sampling log-probs are computed as the trainer computes pi_old (log-softmax of the
     temperature-scaled logits over the whole vocabulary, in the trainer's precision), so
     ``trainer.old_logprobs=rollout`` is exact with it at top_p 1."""
+    loads_adapters: bool = False
+    """``load_adapter(path)`` takes a PEFT LoRA adapter directory (``adapter_config.json`` and
+    ``adapter_model.safetensors``, as ``PeftModel.save_pretrained`` writes them) and generates with it
+    over the base weights from then on: with LoRA the trainer syncs the adapter alone (megabytes)
+    instead of streaming the full weights."""
 
 
 NO_CAPABILITIES = EngineCapabilities()

@@ -14,6 +14,9 @@ rollouts) from one worker thread:
 3. each request that finished resolves its future (n > 1: vLLM returns the parent request's n
    samples together, in sample order).
 
+A request carries the engine's LoRA adapter of the moment it is added (``VLLMEngine.lora_request``,
+set by ``load_adapter`` between rollouts), as ``generate``'s requests do.
+
 A run's next turn is submitted as soon as its completions (and searches) are in, so it enters the
 batch at the next step instead of waiting for the slowest sequence of a lock-step batch.
 
@@ -87,13 +90,15 @@ class VLLMStepFront(WorkQueue):
     def _add(self, request: GenerationRequest) -> str:
         params = self.engine._params(request.params)
         prompt = {"prompt_token_ids": list(request.prompt_ids)}
+        adapter = getattr(self.engine, "lora_request", None)       # the engine's current LoRA adapter
+        lora = {} if adapter is None else {"lora_request": adapter}
         if hasattr(self.llm, "enqueue"):
-            return output_request_id(self.llm.enqueue([prompt], [params], use_tqdm=False)[0])
+            return output_request_id(self.llm.enqueue([prompt], [params], use_tqdm=False, **lora)[0])
         from vllm.sampling_params import RequestOutputKind
 
         params.output_kind = RequestOutputKind.FINAL_ONLY
         request_id = f"mopd-{next(self._ids)}"
-        self.llm.llm_engine.add_request(request_id, prompt, params)
+        self.llm.llm_engine.add_request(request_id, prompt, params, **lora)
         return request_id
 
     def _admit(self) -> bool:

@@ -44,6 +44,16 @@ parsing) lives elsewhere; this module only maps requests and outputs and reaches
 - Sleep: ``sleep(level)`` is ``LLM.sleep(level)`` (1: weights to host memory, KV cache freed; 2:
   both freed); ``wake_up(tags)`` wakes only what is asleep (``["weights"]``, ``["kv_cache"]`` or
   all); ``load_weights`` must follow a level-2 sleep before ``generate``.
+- LoRA (``lora_rank`` > 0, the trainer's ``model.lora.rank``): vLLM is started with room for one
+  adapter (``enable_lora``, ``max_loras=1``, ``max_lora_rank`` the smallest rank vLLM accepts that
+  holds the trainer's: :func:`lora_kwargs`) and generates with the base model until
+  ``load_adapter(path)`` loads a PEFT adapter directory; every request after it (``generate`` and
+  the step front) carries that adapter. Each load is a new ``LoRARequest`` with a new id (vLLM
+  caches adapters by id, and would serve an older one under a reused id) and a new name (vLLM's
+  prefix-cache keys hold the name); the previous adapter is removed and the prefix cache reset.
+  The adapter's tensors live in vLLM's per-layer LoRA slots, allocated with the weights: a level-1
+  sleep offloads and restores them with the base, a level-2 sleep frees them, and vLLM's in-place
+  weight reload (``load_weights``) drops every loaded adapter; after either, ``load_adapter`` again.
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+import itertools
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -148,6 +159,39 @@ def engine_kwargs(model_path: str, *, gpu_memory_utilization: float, tensor_para
     return kwargs
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM 0.32 accepts (``vllm.config.lora.MaxLoRARanks``; an engine reads
+the installed vLLM's own list, :func:`vllm_lora_ranks`). vLLM reserves adapter slots of that rank."""
+
+
+def vllm_lora_ranks() -> Tuple[int, ...]:
+    """The ``max_lora_rank`` values the installed vLLM accepts (:data:`VLLM_LORA_RANKS` where it does
+    not list them)."""
+    from typing import get_args
+
+    try:
+        from vllm.config.lora import MaxLoRARanks
+    except ImportError:
+        return VLLM_LORA_RANKS
+    return tuple(sorted(int(r) for r in get_args(MaxLoRARanks))) or VLLM_LORA_RANKS
+
+
+def lora_kwargs(lora_rank: int, ranks: Sequence[int] = VLLM_LORA_RANKS) -> Dict[str, object]:
+    """The ``vllm.LLM`` keyword arguments for LoRA adapters of rank ``lora_rank`` (none for 0; pure).
+
+    One adapter at a time (the policy's current one), in slots of the smallest rank in ``ranks``
+    (vLLM's allowed ``max_lora_rank`` values) that holds ``lora_rank``; a larger rank than vLLM
+    allows is refused in one line.
+    """
+    if lora_rank <= 0:
+        return {}
+    fits = sorted(r for r in ranks if r >= lora_rank)
+    if not fits:
+        raise ConfigError(f"model.lora.rank={lora_rank} is above the largest LoRA rank vLLM serves "
+                          f"({max(ranks)}): use model.lora.rank<={max(ranks)}, or rollout.engine=hf")
+    return {"enable_lora": True, "max_loras": 1, "max_lora_rank": fits[0]}
+
+
 def _rng_states() -> dict:
     states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -228,12 +272,17 @@ ALL_TAGS = ("weights", "kv_cache")
 
 class VLLMEngine:
     def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.85, tensor_parallel_size: int = 1,
-                 dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None):
+                 dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None, lora_rank: int = 0):
         self._vllm = import_vllm()
         self.platform = current_platform()
         kwargs = engine_kwargs(model_path, gpu_memory_utilization=gpu_memory_utilization,
                                tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
                                max_model_len=max_model_len, platform=self.platform)
+        kwargs.update(lora_kwargs(lora_rank, vllm_lora_ranks() if lora_rank > 0 else VLLM_LORA_RANKS))
+        self.lora_rank = lora_rank
+        self.lora_request = None
+        """The adapter every request carries (a ``vllm.lora.request.LoRARequest``); None: the base model."""
+        self._adapter_ids = itertools.count(1)
         launcher = kwargs.get("distributed_executor_backend") == "external_launcher"
         if launcher:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # the external launcher asserts it
@@ -274,7 +323,8 @@ class VLLMEngine:
         (the trainer recomputes pi_old); sleep frees memory only where sleep mode is on."""
         return EngineCapabilities(step_front=True, prefers_async=True,
                                   frees_memory=bool(self.kwargs.get("enable_sleep_mode")),
-                                  shares_trainer_model=False, trainer_logprobs=False)
+                                  shares_trainer_model=False, trainer_logprobs=False,
+                                  loads_adapters=self.lora_rank > 0)
 
     def step_front(self, max_rows: int = 256):
         """The step-level front: requests join vLLM's running batch between engine steps."""
@@ -287,7 +337,8 @@ class VLLMEngine:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> List[List[Completion]]:
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
-        outputs = self.llm.generate(prompts, [self._params(r.params) for r in requests], use_tqdm=False)
+        outputs = self.llm.generate(prompts, [self._params(r.params) for r in requests], use_tqdm=False,
+                                    lora_request=self.lora_request)
         return [[completion_from_output(o, self.tokenizer) for o in out.outputs] for out in outputs]
 
     @property
@@ -304,6 +355,28 @@ class VLLMEngine:
         else:
             for name, tensor in named_tensors:
                 self.llm.collective_rpc(load_weights_on_worker, args=([(name, tensor.cpu())],))
+        self.reset_prefix_cache()
+
+    def load_adapter(self, path: str) -> None:
+        """Generate with the PEFT LoRA adapter in directory ``path`` from now on (over the base weights).
+
+        vLLM reads the adapter at once (a bad adapter fails here, and the engine keeps the one it
+        had); the previous adapter is then removed from vLLM's cache and the prefix cache reset."""
+        if self.lora_rank <= 0:
+            raise RuntimeError("load_adapter on a vLLM engine built without LoRA: build it with lora_rank "
+                               "(build_engine's lora_rank, model.lora.rank)")
+        if "weights" in self._asleep_tags:
+            raise RuntimeError("load_adapter on sleeping weights: call wake_up(tags=['weights']) first")
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._adapter_ids)
+        request = LoRARequest(lora_name=f"mopd-adapter-{lora_id}", lora_int_id=lora_id, lora_path=str(path))
+        engine = self.llm.llm_engine
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter in {path}")
+        previous, self.lora_request = self.lora_request, request
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)     # already evicted where max_loras=1 left no room
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:

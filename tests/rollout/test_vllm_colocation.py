@@ -78,6 +78,32 @@ class FakeModel:
         return names
 
 
+@dataclasses.dataclass(frozen=True)
+class FakeLoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+class FakeLLMEngine:
+    """vLLM's LoRA cache, as the engine reaches it: adapters by id; a path named "bad" fails to load."""
+
+    def __init__(self, calls):
+        self.calls = calls
+        self.loras = {}
+
+    def add_lora(self, request):
+        if "bad" in request.lora_path:
+            raise ValueError(f"LoRA rank 64 is greater than max_lora_rank 16 ({request.lora_path})")
+        self.calls.append(("add_lora", request.lora_int_id, request.lora_path))
+        self.loras[request.lora_int_id] = request
+        return True
+
+    def remove_lora(self, lora_id):
+        self.calls.append(("remove_lora", lora_id))
+        return self.loras.pop(lora_id, None) is not None
+
+
 class FakeLLM:
     """Calls what vLLM's in-process executor would: collective_rpc(fn) runs fn(worker, *args)."""
 
@@ -92,6 +118,7 @@ class FakeLLM:
         self.model = FakeModel()
         self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: self.model),
                                             vllm_config=object())
+        self.llm_engine = FakeLLMEngine(self.calls)
         torch.manual_seed(kwargs["seed"])       # vLLM reseeds every generator at start-up
         np.random.seed(kwargs["seed"])
         random.seed(kwargs["seed"])
@@ -109,6 +136,10 @@ class FakeLLM:
     def reset_prefix_cache(self):
         self.calls.append(("reset",))
 
+    def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+        self.calls.append(("generate", lora_request))
+        return []
+
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append(("rpc", method.__name__))
         return [method(self.worker, *args, **(kwargs or {}))]
@@ -120,11 +151,15 @@ def fake_vllm(monkeypatch):
 
     config = types.ModuleType("vllm.config")
     config.set_current_vllm_config = lambda cfg: nullcontext()
+    lora_request = types.ModuleType("vllm.lora.request")
+    lora_request.LoRARequest = FakeLoRARequest
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
     module.config = config
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setitem(sys.modules, "vllm.config", config)
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", lora_request)
     monkeypatch.setattr(vllm_engine, "import_vllm", lambda: module)
     monkeypatch.setattr(vllm_engine, "current_platform", lambda: vllm_engine.GPU)   # what the fake stands for
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
@@ -209,6 +244,48 @@ def test_with_a_separate_engine_process_each_parameter_is_its_own_call_through_h
     assert all(dev == "cpu" for _, dev, _ in llm.model.loaded)
 
 
+def test_with_lora_every_adapter_is_a_new_request_that_replaces_the_last_and_generate_carries_it(
+        fake_vllm, monkeypatch):
+    from mopd.rollout.engines import build_engine
+
+    for k in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    engine = build_engine(RolloutConfig(engine="vllm"), "/models/qwen", lora_rank=24)
+    llm = FakeLLM.instances[-1]
+    assert llm.kwargs["enable_lora"] and llm.kwargs["max_loras"] == 1 and llm.kwargs["max_lora_rank"] == 32
+    assert engine.capabilities.loads_adapters
+    engine.generate([])
+    for path in ("/run/adapter", "/run/adapter", "/run/other"):    # the same directory, rewritten: reloaded
+        engine.load_adapter(path)
+        engine.generate([])
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        engine.load_adapter("/run/bad")
+    engine.generate([])                                          # the last good adapter stays
+    first, second, third = (FakeLoRARequest(f"mopd-adapter-{i}", i, p)
+                            for i, p in enumerate(("/run/adapter", "/run/adapter", "/run/other"), 1))
+    assert llm.calls == [("generate", None),
+                         ("add_lora", 1, "/run/adapter"), ("reset",), ("generate", first),
+                         ("add_lora", 2, "/run/adapter"), ("remove_lora", 1), ("reset",), ("generate", second),
+                         ("add_lora", 3, "/run/other"), ("remove_lora", 2), ("reset",), ("generate", third),
+                         ("generate", third)]
+    assert list(llm.llm_engine.loras) == [3]
+    engine.sleep(level=1)
+    with pytest.raises(RuntimeError, match="wake_up"):
+        engine.load_adapter("/run/adapter")
+
+
+def test_an_engine_without_lora_has_no_adapter_slots_and_refuses_an_adapter(fake_vllm, monkeypatch):
+    from mopd.rollout.engines import build_engine
+
+    for k in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    engine = build_engine(RolloutConfig(engine="vllm"), "/models/qwen")
+    assert not {"enable_lora", "max_loras", "max_lora_rank"} & set(FakeLLM.instances[-1].kwargs)
+    assert not engine.capabilities.loads_adapters
+    with pytest.raises(RuntimeError, match="without LoRA"):
+        engine.load_adapter("/run/adapter")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_keyword_arguments_match_vllms_real_signatures():
     import vllm
@@ -219,6 +296,15 @@ def test_keyword_arguments_match_vllms_real_signatures():
         for platform in (vllm_engine.GPU, vllm_engine.Platform(cpu=True, sleep_mode=False)):
             kw = engine_kwargs("/m", **BASE, env=env, platform=platform)
             assert set(kw) <= fields, set(kw) - fields
+    assert set(vllm_engine.lora_kwargs(16)) <= fields
+    assert vllm_engine.vllm_lora_ranks() == vllm_engine.VLLM_LORA_RANKS
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    assert {"lora_name", "lora_int_id", "lora_path"} <= set(LoRARequest.__struct_fields__)
+    assert hasattr(LLMEngine, "add_lora") and hasattr(LLMEngine, "remove_lora")
+    for method in (vllm.LLM.generate, vllm.LLM.enqueue, LLMEngine.add_request):
+        assert "lora_request" in inspect.signature(method).parameters
     assert "level" in inspect.signature(vllm.LLM.sleep).parameters
     assert "tags" in inspect.signature(vllm.LLM.wake_up).parameters
     assert "args" in inspect.signature(vllm.LLM.collective_rpc).parameters
