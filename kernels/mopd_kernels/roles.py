@@ -18,7 +18,8 @@ import torch
 
 from mopd_kernels.role_spec import ADVANTAGE_SOURCES, KL_TYPES, RoleSpec  # noqa: F401 (re-exported)
 
-# Columns of the role table (kept in sync with the Triton kernel, which reads them by index).
+# Columns of the role table, read by index by the per-token terms (terms.py) on every backend; the
+# Triton kernels compute log-probs and entropy only and read no role table.
 COL_IS_OPD, COL_OPD_COEF, COL_PG_COEF, COL_ENT_COEF, COL_KL_COEF, COL_KL_TYPE = range(6)
 ROLE_FIELDS = 8  # padded to 8 floats per row
 

@@ -90,7 +90,7 @@ class SystemConfig:
 @dataclass
 class SetupStageConfig:
     kind: str = ""
-    """A stage kind a recipe registers (:func:`mopd.pipeline.stages.register_stage_kind`), e.g. the
+    """A stage kind a recipe registers (:func:`mopd.pipeline.kinds.register_stage_kind`), e.g. the
     world and its base model: it builds what the training stages read."""
     settings: List[str] = field(default_factory=list)
     """Its settings as KEY=VALUE, read and checked by the kind."""
