@@ -17,11 +17,11 @@ from typing import Callable, List, Optional, Sequence
 from mopd.config import RetrieverConfig
 from mopd.core.errors import UserError
 from mopd.pipeline.stages import EvalStage, ExportStage, TrainStage, move_aside
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, wait
 from mopd.core.fingerprint import model_fingerprint
 from mopd.core.reproducible import deterministic_torch
 from mopd.core.run_lock import RunLock, RunLocked
-from mopd.core.spawn_map import spawn_map
+from mopd.core.spawn_map import spawn_map, worker_pool
 from mopd.eval import runner
 from mopd.eval.runner import settings_changes
 from mopd.pipeline.log import logger
@@ -31,7 +31,6 @@ from mopd.rollout.run_state import WorkflowSettings
 from mopd.rollout.scheduler import run_workflows
 from mopd.train import checkpoint as ckpt
 from mopd.train.trainer import PolicyTrainer
-import multiprocessing
 import os
 
 Log = Callable[[str], None]
@@ -145,7 +144,7 @@ def train_side_by_side(jobs: Sequence[tuple], workers: int, retriever, retriever
         for stage, export in jobs:
             train(stage, export, retriever, lockstep, log)
         return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(workers) as pool:   # the workers end with this process (a kill -9 too)
         futures = [pool.submit(_train_in_worker, stage, export, retriever_cfg, lockstep, log_name)
                    for stage, export in jobs]
         while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,9 @@ from mopd.core.model_dir import remote_code_problem, trust_remote_code
 from mopd.core.qa import load_questions
 from mopd.core.qa import write_questions
 from mopd.core.reproducible import deterministic_torch, environment_record
+from mopd.core.parent_death import parent_death_signal
 from mopd.core.run_lock import RunLock, RunLocked
+from mopd.pipeline.owner import hold
 from mopd.pipeline.footprint import footprint, human_bytes
 from mopd.pipeline.presets import pipeline_yaml
 import os
@@ -147,9 +150,10 @@ def run_pipeline(cfg: PipelineConfig) -> Path:
         raise PipelineError(str(e).replace("one process writes a run", "one pipeline runs in a root")) from None
     try:
         (root / "pipeline.yaml").write_text(pipeline_yaml(cfg))
-        if cfg.launcher.kind == "inprocess":
-            return _InProcess(cfg, stages).run()
-        return _Subprocess(cfg, stages).run()
+        with hold(lock):        # its stages are marked done only while it lives and holds the lock
+            if cfg.launcher.kind == "inprocess":
+                return _InProcess(cfg, stages).run()
+            return _Subprocess(cfg, stages).run()
     finally:
         lock.release()
 
@@ -306,7 +310,7 @@ class _Subprocess(_Timed):
         words = stage.command(self.cfg)
         run = [sys.executable, "-m", "mopd", *words[1:]] if words[0] == "mopd" else words
         self.log(f"{stage.key}: {stage.title}: {shlex.join(words)}")
-        rc = subprocess.call(run)
+        rc = subprocess.call(run, preexec_fn=parent_death_signal(signal.SIGTERM))   # it ends if this process is killed
         if rc != 0:
             raise PipelineError(f"stage {stage.key} failed (exit {rc}): {shlex.join(words)}; "
                                 "run `mopd pipeline` again to resume it")

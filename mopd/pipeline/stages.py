@@ -22,8 +22,9 @@ from typing import List, Optional
 from mopd.config import Config, RetrieverConfig, resolve
 from mopd.pipeline.config import PipelineConfig, SystemConfig, TrainStageConfig
 from mopd.pipeline.kinds import report_kind, stage_kind
+from mopd.pipeline.owner import check_live_owner
 from dataclasses import fields
-from mopd.config import to_yaml
+from mopd.config import identity_yaml
 from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 
 MARKER = "DONE"
@@ -59,9 +60,10 @@ they are, and fingerprints written before they existed still match."""
 
 
 def fingerprinted_yaml(cfg: Config) -> str:
-    """The resolved config as YAML, less the ``OBSERVATION_ONLY`` settings."""
+    """The resolved config as YAML, less the ``OBSERVATION_ONLY`` settings and the sections that are
+    off (:func:`mopd.config.identity_yaml`: LoRA's settings with LoRA off)."""
 
-    return "".join(line for line in to_yaml(cfg).splitlines(keepends=True)
+    return "".join(line for line in identity_yaml(cfg).splitlines(keepends=True)
                    if not line.strip().startswith(OBSERVATION_ONLY))
 
 
@@ -202,6 +204,7 @@ class TrainStage(Stage):
                 and self.built_here())
 
     def mark_done(self) -> None:
+        check_live_owner(self.key)
         if not self.done():
             (self.run_dir / MARKER).write_text(self.fingerprint())
 
@@ -228,6 +231,7 @@ class ExportStage(Stage):
                 self.fingerprint() and self.train.built_here())
 
     def mark_done(self) -> None:
+        check_live_owner(self.key)
         (self.train.run_dir / MARKER).write_text(self.fingerprint())
 
     def command(self, cfg):
@@ -270,6 +274,7 @@ class EvalStage(Stage):
         return (self.out / "records.jsonl").is_file() and read_marker(self.out / DONE) == self.fingerprint()
 
     def mark_done(self) -> None:
+        check_live_owner(self.key)
         (self.out / DONE).write_text(self.fingerprint())
 
     def directory(self) -> Path:
@@ -315,6 +320,7 @@ class ReportStage(Stage):
         return (self.out / "report.md").is_file() and read_marker(self.out / DONE) == self.fingerprint()
 
     def mark_done(self) -> None:
+        check_live_owner(self.key)
         (self.out / DONE).write_text(self.fingerprint())
 
     def command(self, cfg):
