@@ -1,5 +1,5 @@
-"""KEY=VALUE settings from the command line (``mopd demo --world bands=400``, ``--pi0
-search_first=0.9``), typed by the dataclass they configure."""
+"""KEY=VALUE settings from the command line (a recipe's ``--world KEY=VALUE ...``, a pipeline's
+setup-stage settings), typed by the dataclass they configure."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ a 0.7M-parameter Qwen3 trained 7 AdamW steps; bench/RESULTS.md "Reproducibility"
 
 These variables are read when torch loads its libraries, so they must be in the environment
 before ``import torch``: the ``mopd`` command sets them (:func:`pin_cpu_environment`, called by
-``mopd.cli.main`` for the demo and world commands before any handler imports torch). A value the
-user already set wins (e.g. ``MKL_CBWR=COMPATIBLE mopd demo`` for cross-vendor runs), and
+``mopd.cli.main`` for the commands that ask for it, ``pin_cpu=True``, before any handler imports
+torch). A value the user already set wins (e.g. ``MKL_CBWR=COMPATIBLE`` for cross-vendor runs), and
 :func:`environment_record` writes what was in force into the run directory.
 
 The module imports nothing heavy: torch is imported inside the functions that need it.

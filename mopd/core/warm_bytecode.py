@@ -4,7 +4,7 @@ pip compiles every module of every package it installs: about 100 s of a 190 s s
 2-core box, most of it spent on torch and transformers modules nothing here imports. `make setup`
 installs with ``--no-compile`` and then runs ``python -m mopd.core.warm_bytecode``, which imports
 every mopd module and the library modules mopd loads inside its functions (the list below, taken
-from the modules a `mopd demo --quick` run imports), then writes the ``.pyc`` file of every module
+from the modules a short CPU pipeline run imports), then writes the ``.pyc`` file of every module
 that is loaded and has none.
 
 Bytecode is written even where ``PYTHONDONTWRITEBYTECODE`` is set: that variable stops a program

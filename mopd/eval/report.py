@@ -167,7 +167,7 @@ class ReportOptions:
     title: str = "Evaluation report"
     """The report's heading."""
     top_sections: str = ""
-    """Markdown placed after the report's introduction, before the main results (the demo's claims)."""
+    """Markdown placed after the report's introduction, before the main results (a recipe's own section)."""
     linked: Optional[str] = None
     """The system whose largest per-question differences from the reference the report links into
     the viewer's page (default: the first other system)."""

@@ -308,7 +308,7 @@ def _run_locked(engine, retriever, tokenizer, questions: Sequence, plan: EvalPla
 
 def evaluate(model_or_engine, tokenizer, retriever, questions: Sequence, plan: EvalPlan, cfg, *,
              run_fn: Optional[RunWorkflows] = None, progress: bool = False) -> Path:
-    """In-process evaluation for the demo.
+    """In-process evaluation (a pipeline's evaluation stages on a CPU, a recipe's checks).
 
     ``model_or_engine``: an engine (anything with ``generate``), an ``nn.Module`` (wrapped in an HF
     engine with ``tokenizer``; a trainer's model is shared, not copied) or a model directory, loaded

@@ -11,5 +11,5 @@ the evaluation of every system and the report, each reused when done and resumed
 - :mod:`mopd.pipeline.inprocess`: stages run in this process and spawned workers (CPU runs);
 - :mod:`mopd.pipeline.run`: the run itself (in-process or one command per stage) and ``--dry-run``.
 
-The paper's GPU run (`mopd pipeline paper`) and recipes' runs (`mopd demo`) are presets of it.
+The paper's GPU run (`mopd pipeline paper`) and the runs a recipe brings are presets of it.
 """

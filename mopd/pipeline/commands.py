@@ -15,7 +15,7 @@ def register(sub) -> None:
                     "the Stage II arms and their exports, the evaluation of every system and the report. A finished "
                     "stage is reused (its marker holds what it was built with), a killed one resumes: run the same "
                     "command again. `paper` is the paper's run on 8 GPUs (each stage its `mopd ...` command, "
-                    "training under torchrun); recipes add theirs (`demo` is `mopd demo`). "
+                    "training under torchrun); recipes add theirs. "
                     "Options go before PRESET; everything after it is a pipeline override, e.g. "
                     "root=runs/mine model=/models/q stage1.steps=300 launcher.gpus=16 "
                     "'overrides=[trainer.lr=2e-6]'.")
@@ -28,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--show", action="store_true", help="print the resolved pipeline as YAML and stop")
     p.add_argument("--list", action="store_true", help="list the pipeline presets and stop")
     p.add_argument("preset", nargs="?", default=None,
-                   help="pipeline preset: paper, demo, demo_quick (omitted: the whole pipeline comes from --file)")
+                   help="pipeline preset: paper, or one a recipe adds (`mopd pipeline --list`; omitted: the whole "
+                        "pipeline comes from --file)")
     p.add_argument("overrides", nargs=argparse.REMAINDER,
                    help="pipeline overrides after the preset: stage1.steps=300 or --stage1.steps 300")
     p.set_defaults(func=_pipeline)

@@ -153,7 +153,7 @@ def _flag(command: str, name: str) -> Optional[str]:
 @dataclass
 class LauncherConfig:
     kind: str = "inprocess"
-    """inprocess (every stage in this process and its spawned workers: CPU runs, the demo) or
+    """inprocess (every stage in this process and its spawned workers: CPU runs) or
     subprocess (each stage is its `mopd ...` command, started with the prefixes below: GPU runs)."""
     train: str = "mopd"
     """How a training stage's ``mopd`` starts (subprocess), e.g. ``torchrun --nproc_per_node 8 -m mopd``."""
@@ -172,8 +172,8 @@ class LauncherConfig:
     arm_workers: int = 2
     """inprocess: Stage II arms trained at once (processes of one thread each; weights as with 1)."""
     eval_workers: int = 2
-    """inprocess: evaluations run at once, and the workflows of pi_0's demonstrations and of its
-    check (processes of one thread each; records as with 1)."""
+    """inprocess: evaluations run at once, and the workflows a setup stage runs in workers
+    (processes of one thread each; records as with 1)."""
     lockstep: bool = True
     """inprocess: roll out with the lock-step scheduler, whose engine batches are a function of the
     runs' states (bit-reproducible), instead of the asynchronous one, whose batches depend on timing."""
@@ -215,7 +215,7 @@ class PipelineConfig:
     setup: Dict[str, Optional[SetupStageConfig]] = field(default_factory=dict)
     """Stages that run before Stage I, by key (the stage's name), in order, in this process
     (``launcher.kind=inprocess``): a recipe's world and base model. Each reuses what it built. A key
-    set to null drops a preset's stage (``setup.pi0_check=null``)."""
+    set to null drops a preset's stage (``setup.KEY=null``)."""
     overrides: List[str] = field(default_factory=list)
     """Config overrides of every training stage, applied last (e.g. trainer.lr=5e-4)."""
     stage1: TrainStageConfig = field(default_factory=TrainStageConfig)

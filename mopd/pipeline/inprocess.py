@@ -1,5 +1,5 @@
-"""Stages run in this process and in spawned worker processes (the in-process launcher: CPU runs
-and the demo).
+"""Stages run in this process and in spawned worker processes (the in-process launcher: CPU
+runs).
 
 A training stage and its export share one trainer (the export is of the weights just trained);
 Stage II arms train side by side in processes of one thread, evaluations likewise, each worker

@@ -1,5 +1,5 @@
 """The pipeline's progress lines: one timestamped line per event on stderr, prefixed with the
-pipeline's name (``[demo 12:03:41] Stage I: training 15 steps ...``)."""
+pipeline's name (``[paper 12:03:41] Stage I: training 15 steps ...``)."""
 
 from __future__ import annotations
 

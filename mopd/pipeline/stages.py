@@ -6,8 +6,8 @@ its newest checkpoint, an evaluation from its records). :func:`plan` lists the s
 pipeline in order; nothing here loads a model or reads a question.
 
 Markers: a training run's ``DONE`` holds ``"<steps> <config hash>"`` once trained and
-``"<steps> <config hash> <best|last>"`` once exported (the layout `mopd demo` has always written,
-so its finished runs are reused); an evaluation's and the report's ``.done`` hold theirs.
+``"<steps> <config hash> <best|last>"`` once exported (the layout the pipeline has always written,
+so finished runs are reused); an evaluation's and the report's ``.done`` hold theirs.
 """
 
 from __future__ import annotations

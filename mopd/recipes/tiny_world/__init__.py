@@ -12,7 +12,8 @@ What it holds (each module one concept):
 - the method on it: :mod:`.presets` (``tiny_*``: the paper's presets scaled to the 0.7M model),
   :mod:`.pipeline` (`mopd demo`'s settings and pipeline), :mod:`.stages` (the world, pi_0 and
   its check as pipeline stages; the claims report), :mod:`.demo` (run it, over seeds),
-  :mod:`.report` and :mod:`.tables` (its claims, summaries and the docs' tables);
+  :mod:`.report`, :mod:`.seed_summary` and :mod:`.tables` (its claims, the multi-seed summary and
+  the docs' tables);
 - :mod:`.commands`: `mopd demo`, `mopd demo-docs`, `mopd world ...`, `mopd model init-tiny`.
 
 Importing the package registers its presets, pipeline presets, stage kinds and report kind; the

@@ -19,8 +19,8 @@ from mopd.eval.metrics import outcomes, question_metrics
 from mopd.eval.report import ReportOptions, report_runs
 from mopd.eval.report import load_runs
 from mopd.eval.seeds import interval_verdict
-from mopd.eval.seeds import summarize_seeds
 from mopd.eval.summary import summarize
+from mopd.recipes.tiny_world.seed_summary import summarize_seeds
 
 
 def log(msg: str) -> None:
