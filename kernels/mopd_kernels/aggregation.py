@@ -69,7 +69,8 @@ class Aggregation:
 
 def token_weights(mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
     """``[B, T]`` float32 weights ``w`` with ``loss = sum(w * loss_t)`` the ``aggregation`` of the
-    masked token losses; 0 off the mask. ``mask`` is ``[B, T]`` (bool or 0/1)."""
+    masked token losses; 0 off the mask. ``mask`` is ``[B, T]``: bool, 0/1, or non-negative weights
+    (a token then counts ``mask`` times in the sums and lengths, as TRL's ``(x * mask).sum()``)."""
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
     m = mask.to(torch.float32)

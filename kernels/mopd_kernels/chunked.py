@@ -5,14 +5,16 @@ shape, so that the chunk's working set is at most half the weight gradient the c
 (``C = H / 2`` rows for fp32, at least 256); on CUDA from a 512 MiB budget; ``MOPD_KERNELS_CHUNK_MB``
 sets a fixed budget anywhere. For each chunk:
 
-1. ``z = h_c @ W^T`` (one matmul, cuBLAS/MKL, input dtype) into a reused ``[C, V]`` buffer;
+1. ``z = h_c @ W^T (+ b)`` (one matmul, cuBLAS/MKL, input dtype; ``addmm`` with an lm-head bias
+   ``b``) into a reused ``[C, V]`` buffer;
 2. a *row pass* (``TorchRowPass`` here, ``TritonRowPass`` in ``triton_kernels``) reads the chunk,
    computes per row the max ``m``, ``d = sum exp(s - m)`` and ``sum exp(s - m) (s - m)`` with
    ``s = z / temperature`` -- hence ``lse``, ``logp_t = s_y - lse`` and the entropy
    ``H = log d - sum e (s - m) / d`` -- and, when a gradient is wanted, overwrites the chunk with
    ``dlogits = d loss / d s`` (or returns it in a work buffer);
 3. ``grad_h[c] = dlogits @ W / temperature`` and ``grad_W += dlogits^T @ h_c / temperature``
-   (two more matmuls, accumulated chunk by chunk as Liger's fused linear cross entropy does).
+   (two more matmuls, accumulated chunk by chunk as Liger's fused linear cross entropy does);
+   with a bias, ``grad_b += colsum(dlogits) / temperature`` (fp32, a ``[V]`` vector).
 
 The logits gradient of a token is ``g_logp (onehot - p) + g_H (-p (log p + H))`` (over s), so a
 row pass needs only the two scalars ``g_logp``, ``g_H`` besides the softmax statistics:
@@ -269,19 +271,42 @@ class GradRequest:
     scale: Optional[float] = 1.0
     """The gradients are of ``scale * (the summed objective)``; None (the loss pass only) means
     ``1 / (number of trained rows)``, the default token mean."""
+    bias: bool = False
+    """The gradient of the lm-head bias (only where a bias is passed)."""
 
     @property
     def any(self) -> bool:
-        return self.hidden or self.weight
+        return self.hidden or self.weight or self.bias
 
 
 def _logits_buffer(rows: int, V: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(rows, V, dtype=like.dtype, device=like.device)
 
 
-def logprobs_forward(hidden, weight, targets, loop: ChunkLoop, with_entropy: bool = True):
+def chunk_logits(h_c: torch.Tensor, wt: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """``h_c @ wt (+ bias)`` written into ``out`` (one matmul; the bias is added by ``addmm``)."""
+    if bias is None:
+        return torch.mm(h_c, wt, out=out)
+    return torch.addmm(bias, h_c, wt, out=out)
+
+
+def _bias_grad(bias: Optional[torch.Tensor], wanted: bool) -> Optional[torch.Tensor]:
+    """The fp32 ``[V]`` accumulator of the bias gradient (cast to the bias dtype at the end)."""
+    return torch.zeros(bias.shape[0], dtype=torch.float32, device=bias.device) if bias is not None and wanted else None
+
+
+def _add_bias_grad(grad_b: Optional[torch.Tensor], dl: torch.Tensor, alpha: float) -> None:
+    if grad_b is not None:
+        grad_b.add_(dl.sum(dim=0, dtype=torch.float32), alpha=alpha)
+
+
+def _bias_out(grad_b: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if grad_b is None else grad_b.to(bias.dtype)
+
+
+def logprobs_forward(hidden, weight, targets, loop: ChunkLoop, with_entropy: bool = True, bias=None):
     """``(logp, entropy, lse)`` fp32 [T] of every row, chunk by chunk; without the entropy (the
-    scoring passes) it is not computed and comes back as zeros."""
+    scoring passes) it is not computed and comes back as zeros. ``bias``: the lm head's ``[V]`` bias."""
     T, V = hidden.shape[0], weight.shape[0]
     logp = torch.empty(T, dtype=torch.float32, device=hidden.device)
     entropy = torch.empty_like(logp) if with_entropy else torch.zeros_like(logp)
@@ -293,24 +318,27 @@ def logprobs_forward(hidden, weight, targets, loop: ChunkLoop, with_entropy: boo
     wt = weight.t()
     for s in range(0, T, C):
         e = min(T, s + C)
-        z = torch.mm(hidden[s:e], wt, out=buf[: e - s])
+        z = chunk_logits(hidden[s:e], wt, bias, buf[: e - s])
         loop.row_pass.stats(z, targets[s:e], loop.inv_t, logp[s:e], entropy[s:e] if with_entropy else None,
                             lse[s:e])
     return logp, entropy, lse
 
 
-def logprobs_backward(grad_outputs: Tuple[torch.Tensor, torch.Tensor], hidden, weight, targets, lse, entropy,
-                      loop: ChunkLoop, grads: GradRequest):
-    """Gradients of ``scale * sum(grad_logp * logp + grad_entropy * entropy)`` w.r.t. hidden and
-    weight, ``grad_outputs = (grad_logp, grad_entropy)``; None for a gradient not requested.
+def logprobs_backward(grad_outputs: Tuple[torch.Tensor, torch.Tensor], hidden, weight, targets,
+                      saved: Tuple[torch.Tensor, torch.Tensor], loop: ChunkLoop, grads: GradRequest, bias=None):
+    """Gradients of ``scale * sum(grad_logp * logp + grad_entropy * entropy)`` w.r.t. hidden, weight
+    and ``bias``, ``grad_outputs = (grad_logp, grad_entropy)``, ``saved = (lse, entropy)`` of the
+    forward: ``(grad_h, grad_w, grad_b)``, None for a gradient not requested.
 
     Recomputes each logits chunk (one matmul) and turns it into dlogits with the saved ``lse``/``H``.
     """
     T, V = hidden.shape[0], weight.shape[0]
+    lse, entropy = saved
     grad_h = torch.zeros_like(hidden) if grads.hidden else None
     grad_w = torch.zeros_like(weight) if grads.weight else None
+    grad_b = _bias_grad(bias, grads.bias)
     if T == 0 or not grads.any:
-        return grad_h, grad_w
+        return grad_h, grad_w, _bias_out(grad_b, bias)
     g_logp, g_ent = (g.float() for g in grad_outputs)
     C = loop.rows_per_chunk(T, hidden, V)
     buf = _logits_buffer(C, V, hidden)
@@ -320,14 +348,15 @@ def logprobs_backward(grad_outputs: Tuple[torch.Tensor, torch.Tensor], hidden, w
     for s in range(0, T, C):
         e = min(T, s + C)
         h_c = hidden[s:e]
-        z = torch.mm(h_c, wt, out=buf[: e - s])
+        z = chunk_logits(h_c, wt, bias, buf[: e - s])
         dl = loop.row_pass.logprobs_grad(z, targets[s:e], inv_t, lse[s:e], entropy[s:e], g_logp[s:e],
                                          g_ent[s:e])
         if grads.hidden:
             grad_h[s:e].addmm_(dl, weight, beta=0.0, alpha=alpha)
         if grads.weight:
             grad_w.addmm_(dl.t(), h_c, alpha=alpha)
-    return grad_h, grad_w
+        _add_bias_grad(grad_b, dl, alpha)
+    return grad_h, grad_w, _bias_out(grad_b, bias)
 
 
 @dataclass
@@ -339,6 +368,7 @@ class PolicyLossPass:
     entropy: torch.Tensor          # [n] fp32
     grad_hidden: Optional[torch.Tensor]  # [T, H] d(sum of token losses)/dh * grad scale
     grad_weight: Optional[torch.Tensor]  # [V, H]
+    grad_bias: Optional[torch.Tensor] = None  # [V], where a bias was passed and its gradient asked
 
 
 def _trained_rows(inputs: LossInputs, T: int):
@@ -349,15 +379,16 @@ def _trained_rows(inputs: LossInputs, T: int):
 
 
 def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, row_pass,
-                     grads: GradRequest) -> PolicyLossPass:
+                     grads: GradRequest, bias=None) -> PolicyLossPass:
     """Log-probs, entropies and (scaled) gradients of the summed token losses, chunk by chunk.
 
     ``inputs`` as ``LossInputs.for_kernels`` makes them (fp32 values). Rows with role -1 are
     skipped entirely. The gradients are of ``grads.scale * sum_t loss_t``. A loss whose tokens are
-    coupled within a sequence (``settings.per_sequence``) takes ``sequence_loss_pass``.
+    coupled within a sequence (``settings.per_sequence``) takes ``sequence_loss_pass``. ``bias``: the
+    lm head's ``[V]`` bias (None: none).
     """
     if settings.per_sequence:
-        return sequence_loss_pass(hidden, weight, targets, inputs, settings, row_pass, grads)
+        return sequence_loss_pass(hidden, weight, targets, inputs, settings, row_pass, grads, bias)
     T, V = hidden.shape[0], weight.shape[0]
     dev = hidden.device
     index, n = _trained_rows(inputs, T)
@@ -368,8 +399,9 @@ def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Poli
     entropy = torch.empty_like(logp)
     grad_h = torch.zeros_like(hidden) if grads.hidden else None
     grad_w = torch.zeros_like(weight) if grads.weight else None
+    grad_b = _bias_grad(bias, grads.bias)
     if n == 0:
-        return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
+        return PolicyLossPass(index, logp, entropy, grad_h, grad_w, _bias_out(grad_b, bias))
     loop = ChunkLoop(row_pass, settings.temperature, settings.chunk_rows)
     C = loop.rows_per_chunk(n, hidden, V)
     buf = _logits_buffer(C, V, hidden)
@@ -379,7 +411,7 @@ def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Poli
         e = min(n, s + C)
         rows = None if index is None else index[s:e]
         h_c = hidden[s:e] if rows is None else hidden.index_select(0, rows)
-        z = torch.mm(h_c, wt, out=buf[: e - s])
+        z = chunk_logits(h_c, wt, bias, buf[: e - s])
         dl = row_pass.policy_loss(z, targets_a[s:e], trained.rows(s, e), settings, logp[s:e], entropy[s:e],
                                   grads.any)
         if grads.hidden:
@@ -389,11 +421,12 @@ def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Poli
                 grad_h.index_copy_(0, rows, torch.mm(dl, weight).mul_(alpha))
         if grads.weight:
             grad_w.addmm_(dl.t(), h_c, alpha=alpha)
-    return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
+        _add_bias_grad(grad_b, dl, alpha)
+    return PolicyLossPass(index, logp, entropy, grad_h, grad_w, _bias_out(grad_b, bias))
 
 
 def sequence_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, row_pass,
-                       grads: GradRequest) -> PolicyLossPass:
+                       grads: GradRequest, bias=None) -> PolicyLossPass:
     """``policy_loss_pass`` for a loss whose token terms depend on the whole sequence (GSPO's
     sequence ratio): every trained row's log-prob and entropy first (one matmul per chunk, the
     scoring pass), then the token terms and their gradient scalars over all rows at once, then the
@@ -404,16 +437,16 @@ def sequence_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Po
     h_a = hidden if index is None else hidden.index_select(0, index)
     targets_a = targets if index is None else targets.index_select(0, index)
     loop = ChunkLoop(row_pass, settings.temperature, settings.chunk_rows)
-    logp, entropy, lse = logprobs_forward(h_a, weight, targets_a, loop, with_entropy=True)
+    logp, entropy, lse = logprobs_forward(h_a, weight, targets_a, loop, with_entropy=True, bias=bias)
     grad_h = torch.zeros_like(hidden) if grads.hidden else None
     grad_w = torch.zeros_like(weight) if grads.weight else None
     if n == 0 or not grads.any:
-        return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
+        return PolicyLossPass(index, logp, entropy, grad_h, grad_w, _bias_out(_bias_grad(bias, grads.bias), bias))
     trained = inputs.select(index)
     t = token_terms(logp, entropy, trained, settings)
     scale = grads.scale if grads.scale is not None else 1.0 / n
-    gh_a, grad_w = logprobs_backward((t["g_logp"], t["g_entropy"]), h_a, weight, targets_a, lse, entropy, loop,
-                                     GradRequest(grads.hidden, grads.weight, scale))
+    gh_a, grad_w, grad_b = logprobs_backward((t["g_logp"], t["g_entropy"]), h_a, weight, targets_a, (lse, entropy),
+                                             loop, GradRequest(grads.hidden, grads.weight, scale, grads.bias), bias)
     if grads.hidden:
         grad_h = gh_a if index is None else grad_h.index_copy_(0, index, gh_a)
-    return PolicyLossPass(index, logp, entropy, grad_h, grad_w)
+    return PolicyLossPass(index, logp, entropy, grad_h, grad_w, grad_b)

@@ -34,7 +34,10 @@ class Completions:
     targets: torch.Tensor
     """The token each position predicts (int): the completion ids."""
     mask: torch.Tensor
-    """1 (or True) on the tokens the loss trains; padding, tool output and the like 0."""
+    """1 (or True) on the tokens the loss trains; padding, tool output and the like 0. Other
+    non-negative values are weights, as in TRL's ``(per_token_loss * mask)`` sums: a token's term
+    counts ``mask`` times in the aggregation's sums and in its token counts (a mask of 0.5 and 2.0
+    is not the 0/1 mask). Negative or non-finite values are a ValueError."""
     advantages: torch.Tensor
     """``[B]`` (one per sequence, TRL and GRPO) or ``[B, T]`` (per token, verl) float."""
     old_logp: Optional[torch.Tensor] = None
@@ -53,7 +56,17 @@ def _rows(x: Optional[torch.Tensor], B: int, T: int, name: str) -> Optional[torc
     if not isinstance(x, torch.Tensor) or x.shape not in ((B, T), (B, 1), (B,)):
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be [B, T] = [{B}, {T}] (or [B] per sequence), got {shape}")
-    return x.reshape(B, -1).expand(B, T).reshape(B * T)
+    # explicit shapes, not reshape(B, -1): an empty batch (B or T = 0) has no -1 to infer
+    return (x.unsqueeze(1) if x.dim() == 1 else x).expand(B, T).reshape(B * T)
+
+
+def _check_mask(mask: torch.Tensor) -> None:
+    """A float or integer mask must be finite and >= 0 (its values are weights); one host sync."""
+    if mask.dtype == torch.bool or mask.numel() == 0:
+        return
+    bad = ~torch.isfinite(mask) | (mask < 0) if mask.dtype.is_floating_point else mask < 0
+    if bool(bad.any()):
+        raise ValueError("mask must be 0/1 or non-negative finite weights, got a negative or non-finite value")
 
 
 def completion_inputs(completions: Completions, aggregation: Aggregation,
@@ -66,19 +79,19 @@ def completion_inputs(completions: Completions, aggregation: Aggregation,
     B, T = c.targets.shape
     if not isinstance(c.mask, torch.Tensor) or c.mask.shape != (B, T):
         raise ValueError(f"mask must be [B, T] = [{B}, {T}]")
-    mask = c.mask.bool()
-    weights = token_weights(mask, aggregation).reshape(B * T)
+    _check_mask(c.mask)
+    weights = token_weights(c.mask, aggregation).reshape(B * T)
     entropy_weights = None
     if entropy_aggregation is not None:
-        entropy_weights = token_weights(mask, entropy_aggregation).reshape(B * T)
-    roles = torch.where(mask, 0, -1).reshape(B * T)
-    seq = torch.arange(B, device=mask.device).unsqueeze(1).expand(B, T).reshape(B * T)
+        entropy_weights = token_weights(c.mask, entropy_aggregation).reshape(B * T)
+    roles = torch.where(c.mask != 0, 0, -1).reshape(B * T)
+    seq = torch.arange(B, device=c.mask.device).unsqueeze(1).expand(B, T).reshape(B * T)
     inputs = LossInputs(roles=roles, old_logp=_rows(c.old_logp, B, T, "old_logp"),
                         advantages=_rows(c.advantages, B, T, "advantages"),
                         teacher_logp=_rows(c.teacher_logp, B, T, "teacher_logp"),
                         ref_logp=_rows(c.ref_logp, B, T, "ref_logp"), weights=weights,
                         pg_scale=_rows(c.pg_scale, B, T, "pg_scale"), entropy_weights=entropy_weights,
-                        sequence_ids=seq)
+                        sequence_ids=seq, n_sequences=B)
     return c.targets.reshape(B * T), inputs
 
 
@@ -103,17 +116,21 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.entropy_aggregation = entropy_aggregation
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, completions: Completions,
-                aggregation: Optional[Aggregation] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+                aggregation: Optional[Aggregation] = None,
+                bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         """``(loss, stats)``: ``hidden`` ``[B, T, H]`` (position t's state predicts ``targets[:, t]``),
-        ``weight`` ``[V, H]``; ``aggregation`` overrides the module's for this call (e.g. this
-        step's global token count). ``stats`` are the role's 0-d tensors (``terms.STAT_NAMES``)."""
+        ``weight`` ``[V, H]`` and the lm head's optional ``bias`` ``[V]``; ``aggregation`` overrides the
+        module's for this call (e.g. this step's global token count). ``stats`` are the role's 0-d
+        tensors (``terms.STAT_NAMES``). An empty batch (B or T = 0) gives a loss of 0 (with zero
+        gradients) and zero stats."""
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
             raise ValueError("hidden must be [B, T, H]: the last hidden states of the completion positions")
         targets, inputs = completion_inputs(completions, aggregation or self.aggregation, self.entropy_aggregation)
         if hidden.shape[:2] != completions.targets.shape:
             raise ValueError(f"hidden is {tuple(hidden.shape)} but targets are {tuple(completions.targets.shape)}")
         B, T, H = hidden.shape
-        loss, stats = fused_linear_policy_loss(hidden.reshape(B * T, H), weight, targets, inputs, self.settings)
+        loss, stats = fused_linear_policy_loss(hidden.reshape(B * T, H), weight, targets, inputs, self.settings,
+                                               bias=bias)
         return loss, stats[0]
 
     def extra_repr(self) -> str:

@@ -52,6 +52,10 @@ class LossInputs:
     sequence_ids: torch.Tensor | None = None
     """Which sequence each token belongs to (int, any ids); required by sequence-level importance
     sampling (GSPO), where a sequence's ratio is ``exp(mean of its tokens' logp - old_logp)``."""
+    n_sequences: int | None = None
+    """A bound on ``sequence_ids`` (all lie in ``[0, n_sequences)``), when the caller knows one
+    (``completion_inputs``: the batch's B): the per-sequence stats then group without a host sync.
+    None: any ids (grouped by ``torch.unique``, a sync on CUDA)."""
 
     def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
         """``fn`` applied to the float tensors that are present (``roles``, ``sequence_ids`` kept)."""

@@ -26,7 +26,8 @@ import torch
 from mopd_kernels import chunked, reference
 from mopd_kernels.compiled_rows import CompiledRowPass
 from mopd_kernels.inputs import LossInputs
-from mopd_kernels.roles import check_backend, check_linear_inputs, check_loss_inputs, check_temperature
+from mopd_kernels.roles import (check_backend, check_bias, check_linear_inputs, check_loss_inputs, check_target_range,
+                                check_temperature)
 from mopd_kernels.settings import PolicyLossSettings, require_settings
 from mopd_kernels.terms import role_stats, token_terms
 
@@ -70,20 +71,22 @@ def _full_weight(weight):
     return weight.full_tensor() if type(weight).__name__ == "DTensor" else weight
 
 
-def matmul_inputs(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype: Optional[torch.dtype] = None):
+def matmul_inputs(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype: Optional[torch.dtype] = None,
+                  bias: Optional[torch.Tensor] = None):
     """``(hidden, weight)`` in the lm-head matmul's dtype: ``matmul_dtype`` if given, else the autocast
     dtype when autocast is on for their device (as ``F.linear`` would run), else their own (a
     mismatch is then a ValueError). The casts are differentiable: gradients come back in each
-    input's own dtype."""
+    input's own dtype. With a ``bias``, ``(hidden, weight, bias)``, the bias cast alike."""
     weight = _full_weight(weight)
+    if bias is not None:
+        bias = _full_weight(bias)
     dtype = matmul_dtype
     if dtype is None and isinstance(hidden, torch.Tensor) and torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)
-    if dtype is None:
-        return hidden, weight
-    if not (isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor)):
-        return hidden, weight  # the argument checks name the bad one
-    return hidden.to(dtype), weight.to(dtype)
+    tensors = (hidden, weight) if bias is None else (hidden, weight, bias)
+    if dtype is None or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return tensors  # the argument checks name a bad one
+    return tuple(t.to(dtype) for t in tensors)
 
 
 def row_pass_for(backend: str):
@@ -106,12 +109,14 @@ def _chunk_loop(temperature: float, backend: str, chunk_rows: int) -> chunked.Ch
 
 
 def _linear_logprobs_impl(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          temperature: float, backend: str, chunk_rows: int, with_entropy: bool = True
-                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          temperature: float, backend: str, chunk_rows: int, with_entropy: bool = True,
+                          bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logp, entropy, lse) fp32 [T] by the chunked loop of ``backend`` (``"torch"`` or ``"triton"``);
-    without ``with_entropy`` the entropy is zeros (not computed: one reduction less per logit)."""
+    without ``with_entropy`` the entropy is zeros (not computed: one reduction less per logit).
+    Targets at or past V are refused here, inside the op (a compiled caller checks them too)."""
+    check_target_range(targets, weight.shape[0])
     return chunked.logprobs_forward(hidden, weight, targets, _chunk_loop(temperature, backend, chunk_rows),
-                                    with_entropy)
+                                    with_entropy, bias)
 
 
 _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", mutates_args=())(
@@ -119,21 +124,23 @@ _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", m
 
 
 @_linear_logprobs_op.register_fake
-def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows, with_entropy=True):
+def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows, with_entropy=True, bias=None):
     T = hidden.shape[0]
     return tuple(hidden.new_empty(T, dtype=torch.float32) for _ in range(3))
 
 
-# A torch custom_op's schema takes tensors and scalars only, so its 12 arguments stay flat (no settings object).
+# A torch custom_op's schema takes tensors and scalars only, so its 14 arguments stay flat (no settings object).
 def _linear_logprobs_backward_impl(grad_logp: torch.Tensor, grad_entropy: torch.Tensor, hidden: torch.Tensor,
                                    weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
                                    entropy: torch.Tensor, temperature: float, backend: str, chunk_rows: int,
-                                   need_hidden: bool, need_weight: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden, grad_weight); an empty tensor stands for a gradient that is not needed."""
-    gh, gw = chunked.logprobs_backward((grad_logp, grad_entropy), hidden, weight, targets, lse, entropy,
-                                       _chunk_loop(temperature, backend, chunk_rows),
-                                       chunked.GradRequest(need_hidden, need_weight))
-    return (gh if gh is not None else hidden.new_empty(0), gw if gw is not None else weight.new_empty(0))
+                                   need_hidden: bool, need_weight: bool, bias: Optional[torch.Tensor] = None,
+                                   need_bias: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_hidden, grad_weight, grad_bias); an empty tensor stands for a gradient that is not needed."""
+    gh, gw, gb = chunked.logprobs_backward((grad_logp, grad_entropy), hidden, weight, targets, (lse, entropy),
+                                           _chunk_loop(temperature, backend, chunk_rows),
+                                           chunked.GradRequest(need_hidden, need_weight, bias=need_bias), bias)
+    return (gh if gh is not None else hidden.new_empty(0), gw if gw is not None else weight.new_empty(0),
+            gb if gb is not None else weight.new_empty(0))
 
 
 _linear_logprobs_backward_op = torch.library.custom_op(
@@ -149,30 +156,34 @@ CUSTOM_OP_IMPLS = {
 # The op's fake takes the op's schema: the same flat arguments.
 @_linear_logprobs_backward_op.register_fake
 def _linear_logprobs_backward_fake(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy,
-                                   temperature, backend, chunk_rows, need_hidden, need_weight):
+                                   temperature, backend, chunk_rows, need_hidden, need_weight, bias=None,
+                                   need_bias=False):
     return (torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
-            torch.empty_like(weight) if need_weight else weight.new_empty(0))
+            torch.empty_like(weight) if need_weight else weight.new_empty(0),
+            torch.empty_like(bias) if need_bias and bias is not None else weight.new_empty(0))
 
 
 def _linear_logprobs_setup_context(ctx, inputs, output):
     hidden, weight, targets, temperature, backend, chunk_rows = inputs[:6]
+    bias = inputs[7] if len(inputs) > 7 else None
     _, entropy, lse = output
-    ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+    ctx.save_for_backward(hidden, weight, targets, lse, entropy, bias)
     ctx.config = (temperature, backend, chunk_rows)
 
 
 def _linear_logprobs_backward(ctx, grad_logp, grad_entropy, grad_lse):
-    hidden, weight, targets, lse, entropy = ctx.saved_tensors
+    hidden, weight, targets, lse, entropy, bias = ctx.saved_tensors
     temperature, backend, chunk_rows = ctx.config
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_b = bias is not None and len(ctx.needs_input_grad) > 7 and ctx.needs_input_grad[7]
     if grad_logp is None:
         grad_logp = torch.zeros_like(lse)
     if grad_entropy is None:
         grad_entropy = torch.zeros_like(lse)
-    gh, gw = torch.ops.mopd_kernels.linear_logprobs_backward(
+    gh, gw, gb = torch.ops.mopd_kernels.linear_logprobs_backward(
         grad_logp, grad_entropy, hidden, weight, targets, lse, entropy, temperature, backend, chunk_rows,
-        need_h, need_w)
-    return (gh if need_h else None, gw if need_w else None, None, None, None, None, None)
+        need_h, need_w, bias, need_b)
+    return (gh if need_h else None, gw if need_w else None, None, None, None, None, None, gb if need_b else None)
 
 
 torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprobs_backward,
@@ -181,30 +192,35 @@ torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprob
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                     temperature: float = 1.0, with_entropy: bool = True, backend: str = "auto",
-                    chunk_rows: Optional[int] = None, matmul_dtype: Optional[torch.dtype] = None
-                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-prob of each target and entropy of each row of ``softmax(hidden @ weight.T / temperature)``.
+                    chunk_rows: Optional[int] = None, bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob of each target and entropy of each row of ``softmax((hidden @ weight.T + bias) / temperature)``.
 
-    ``hidden`` [T, H] (fp32/bf16/fp16), ``weight`` [V, H] of the same dtype, ``targets`` [T] int.
+    ``hidden`` [T, H] (fp32/bf16/fp16), ``weight`` [V, H] of the same dtype, ``targets`` [T] int,
+    ``bias`` the lm head's optional [V] bias (its gradient included).
     Returns ``logp`` [T] fp32 and ``entropy`` [T] fp32 (None when ``with_entropy=False``: then it
-    is not computed, which spares the scoring passes a reduction over every logit). A target outside ``[0, V)`` (e.g. -100) gets logp 0 and
-    no gradient. Differentiable w.r.t. ``hidden`` and ``weight``; under ``torch.no_grad`` it is the
+    is not computed, which spares the scoring passes a reduction over every logit). A negative target
+    (the ignore index, e.g. -100) means "no target": logp 0 and no gradient; a target at or past V is
+    a ValueError. Differentiable w.r.t. ``hidden``, ``weight`` and ``bias``; under ``torch.no_grad`` it is the
     pi_old / teacher scoring pass. ``chunk_rows`` fixes the rows per chunk (default:
     ``chunked.chunk_rows_for``, from the shape on CPU, a memory budget elsewhere). The matmul runs in
     ``matmul_dtype``, else the autocast dtype when autocast is on, else the inputs' own dtype
     (``matmul_inputs``); an FSDP2-sharded (DTensor) weight is gathered.
     """
-    hidden, weight = matmul_inputs(hidden, weight, matmul_dtype)
+    hidden, weight, *rest = matmul_inputs(hidden, weight, None, bias)
+    bias = rest[0] if rest else None
     check_linear_inputs(hidden, weight, targets)
+    check_bias(bias, weight, hidden)
     check_temperature(temperature)
     backend = resolve_backend(backend, hidden.device)
     with torch.autocast(hidden.device.type, enabled=False):
         if backend == "reference":
-            logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature)
+            check_target_range(targets, weight.shape[0])
+            logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature,
+                                                                bias=bias)
         else:
             logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
                 hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend,
-                int(chunk_rows or 0), bool(with_entropy))
+                int(chunk_rows or 0), bool(with_entropy), bias)
     return logp, (entropy if with_entropy else None)
 
 
@@ -217,9 +233,9 @@ class _FusedPolicyLoss(torch.autograd.Function):
     """Forward: loss sum and gradients in one chunked pass. Backward: scale the stored gradients."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, run):
+    def forward(ctx, hidden, weight, bias, run):
         result = run()
-        ctx.grads = (result["grad_hidden"], result["grad_weight"])
+        ctx.grads = (result["grad_hidden"], result["grad_weight"], result["grad_bias"])
         ctx.grad_divisor = result["grad_divisor"]
         ctx.mark_non_differentiable(result["logp"], result["entropy"])
         return result["loss"], result["logp"], result["entropy"]
@@ -230,21 +246,20 @@ class _FusedPolicyLoss(torch.autograd.Function):
         if ctx.grads is None:
             raise RuntimeError("fused_linear_policy_loss supports one backward per forward (its gradients "
                                "are computed in the forward and handed over once); run the forward again")
-        grad_h, grad_w = ctx.grads
+        grads = ctx.grads
         ctx.grads = None
         scale = grad_loss if ctx.grad_divisor is None else grad_loss / ctx.grad_divisor
         # In place: these tensors were made by the forward for this purpose and nothing else holds them.
-        if grad_h is not None:
-            grad_h.mul_(scale.to(grad_h.device))
-        if grad_w is not None:
-            grad_w.mul_(scale.to(grad_w.device))
-        return grad_h, grad_w, None
+        for g in grads:
+            if g is not None:
+                g.mul_(scale.to(g.device))
+        return (*grads, None)
 
 
 def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                              inputs: LossInputs, settings: PolicyLossSettings,
-                             normalizer: Union[int, float, torch.Tensor, None] = None
-                             ) -> Tuple[torch.Tensor, Stats]:
+                             normalizer: Union[int, float, torch.Tensor, None] = None,
+                             bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Stats]:
     """Role-aware clipped PPO / OPD loss of the lm head over packed tokens, without [T, V] logits.
 
     ``hidden`` [T, H] and ``weight`` [V, H] (the matmul dtype follows ``settings.matmul_dtype`` or
@@ -254,24 +269,29 @@ def fused_linear_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
     ``mopd_kernels.terms`` (advantage by role, the objective's policy term, entropy bonus, KL to
     ``ref_logp``). ``normalizer`` defaults to the number of trained tokens (role >= 0), or 1 when
     ``inputs.weights`` aggregate; pass the global count when a mini-batch is split over ranks or
-    accumulation steps. Gradients flow to ``hidden`` and ``weight`` only. ``stats[r]`` holds 0-d
+    accumulation steps. ``bias`` is the lm head's optional ``[V]`` bias (logits ``hidden @ weight.T + bias``).
+    Gradients flow to ``hidden``, ``weight`` and ``bias`` only. ``stats[r]`` holds 0-d
     fp32 tensors (no host sync) for every role ``r``, named by ``terms.STAT_NAMES``.
     """
     require_settings(settings)
     if not isinstance(inputs, LossInputs):
         raise ValueError(f"inputs must be a LossInputs, got {type(inputs).__name__}")
-    hidden, weight = matmul_inputs(hidden, weight, settings.matmul_dtype)
+    hidden, weight, *rest = matmul_inputs(hidden, weight, settings.matmul_dtype, bias)
+    bias = rest[0] if rest else None
     check_loss_inputs(hidden, weight, targets, inputs, settings, normalizer)
+    check_bias(bias, weight, hidden)
     backend = resolve_backend(settings.backend, hidden.device)
     with torch.autocast(hidden.device.type, enabled=False):
         if backend == "reference":
-            return reference.reference_policy_loss(hidden, weight, targets, inputs, settings, normalizer)
-        return _fused_loss(hidden, weight, targets, inputs, settings, normalizer, backend)
+            return reference.reference_policy_loss(hidden, weight, targets, inputs, settings, normalizer, bias=bias)
+        return _fused_loss(hidden, (weight, bias), targets, inputs, settings, normalizer, backend)
 
 
-def _fused_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings, normalizer,
+def _fused_loss(hidden, head, targets, inputs: LossInputs, settings: PolicyLossSettings, normalizer,
                 backend: str) -> Tuple[torch.Tensor, Stats]:
-    """``fused_linear_policy_loss`` after its checks, with autocast off, on a chunked backend."""
+    """``fused_linear_policy_loss`` after its checks, with autocast off, on a chunked backend
+    (``head``: the lm head's weight and bias, None without one)."""
+    weight, bias = head
     kernel_inputs = inputs.for_kernels()
     if normalizer is None and inputs.weights is not None:
         normalizer = 1.0  # the weights aggregate
@@ -281,11 +301,13 @@ def _fused_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLos
     tensor_norm = isinstance(normalizer, torch.Tensor)
     grads = chunked.GradRequest(
         hidden=grad_on and hidden.requires_grad, weight=grad_on and weight.requires_grad,
-        scale=1.0 if tensor_norm else (None if normalizer is None else 1.0 / float(normalizer)))
+        scale=1.0 if tensor_norm else (None if normalizer is None else 1.0 / float(normalizer)),
+        bias=grad_on and bias is not None and bias.requires_grad)
 
     def run():
         p = chunked.policy_loss_pass(hidden.detach().contiguous(), weight.detach(), targets.contiguous(),
-                                     kernel_inputs, settings, row_pass_for(backend), grads)
+                                     kernel_inputs, settings, row_pass_for(backend), grads,
+                                     None if bias is None else bias.detach())
         trained = kernel_inputs.select(p.index)
         terms = token_terms(p.logp, p.entropy, trained, settings, need_grad=False)
         if tensor_norm:
@@ -294,9 +316,10 @@ def _fused_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLos
         else:
             divisor = float(normalizer) if normalizer is not None else float(max(p.logp.numel(), 1))
             grad_divisor = None
-        stats = role_stats(terms, p.logp, p.entropy, trained, settings.n_roles)
+        stats = role_stats(terms, p.logp, p.entropy, trained, settings.n_roles, divisor)
         return {"loss": terms["loss"].sum() / divisor, "logp": p.logp, "entropy": p.entropy,
-                "grad_hidden": p.grad_hidden, "grad_weight": p.grad_weight, "grad_divisor": grad_divisor,
+                "grad_hidden": p.grad_hidden, "grad_weight": p.grad_weight, "grad_bias": p.grad_bias,
+                "grad_divisor": grad_divisor,
                 "stats": stats}
 
     holder = {}
@@ -306,7 +329,7 @@ def _fused_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLos
         return holder
 
     if grads.any:
-        loss, _, _ = _FusedPolicyLoss.apply(hidden, weight, run_and_keep)
+        loss, _, _ = _FusedPolicyLoss.apply(hidden, weight, bias, run_and_keep)
     else:
         loss = run_and_keep()["loss"]
     return loss, holder["stats"]
@@ -326,8 +349,9 @@ class FusedLinearPolicyLoss(torch.nn.Module):
         self.settings = require_settings(settings)
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inputs: LossInputs,
-                normalizer: Union[int, float, torch.Tensor, None] = None) -> Tuple[torch.Tensor, Stats]:
-        return fused_linear_policy_loss(hidden, weight, targets, inputs, self.settings, normalizer)
+                normalizer: Union[int, float, torch.Tensor, None] = None,
+                bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Stats]:
+        return fused_linear_policy_loss(hidden, weight, targets, inputs, self.settings, normalizer, bias)
 
     def extra_repr(self) -> str:
         return repr(self.settings)

@@ -28,18 +28,19 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    return (hidden @ weight.T).to(_compute_dtype(hidden)) / temperature
+def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, bias=None) -> torch.Tensor:
+    z = hidden @ weight.T if bias is None else hidden @ weight.T + bias
+    return z.to(_compute_dtype(hidden)) / temperature
 
 
 def reference_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                              temperature: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``log_softmax(h W^T / temperature)[t, targets[t]]`` and the entropy of each row, fp32 [T]
-    (fp64 for fp64 inputs).
+                              temperature: float = 1.0, bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``log_softmax((h W^T + b) / temperature)[t, targets[t]]`` and the entropy of each row, fp32 [T]
+    (fp64 for fp64 inputs); ``bias`` ``b`` optional.
 
     A target outside ``[0, V)`` (e.g. -100 padding) gets log-prob 0 and no gradient.
     """
-    logits = reference_logits(hidden, weight, temperature)
+    logits = reference_logits(hidden, weight, temperature, bias)
     V = logits.shape[-1]
     logp_all = torch.log_softmax(logits, dim=-1)
     valid = (targets >= 0) & (targets < V)
@@ -99,7 +100,7 @@ def _ones_or(x, mask, like):
 
 
 def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings: PolicyLossSettings,
-                          normalizer=None) -> Tuple[torch.Tensor, Dict[int, Dict[str, torch.Tensor]]]:
+                          normalizer=None, bias=None) -> Tuple[torch.Tensor, Dict[int, Dict[str, torch.Tensor]]]:
     """The policy loss by plain autograd (see ``mopd_kernels.terms`` for the maths).
 
     Same arguments as ``fused_linear_policy_loss`` (``settings.backend`` and ``chunk_rows`` are not
@@ -108,7 +109,8 @@ def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings:
     """
     roles, advantages = inputs.roles, inputs.advantages
     teacher_logp, ref_logp = inputs.teacher_logp, inputs.ref_logp
-    logp_all, entropy_all = reference_linear_logprobs(hidden, weight, targets, temperature=settings.temperature)
+    logp_all, entropy_all = reference_linear_logprobs(hidden, weight, targets, temperature=settings.temperature,
+                                                      bias=bias)
     cd = logp_all.dtype
     old_all = inputs.old_logp.to(cd) if inputs.old_logp is not None else logp_all.detach()
     trained = roles >= 0
@@ -116,6 +118,8 @@ def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings:
     ratio_trained = _ratio(logp_all[trained], old_all[trained], seq_all[trained], settings)
     ratio_all = torch.ones_like(logp_all).masked_scatter(trained, ratio_trained)
     total = (logp_all * 0.0).sum()  # keeps the graph connected when no token is trained
+    if normalizer is None:
+        normalizer = 1.0 if inputs.weights is not None else max(int((roles >= 0).sum()), 1)
     stats: Dict[int, Dict[str, torch.Tensor]] = {}
     for r, spec in enumerate(settings.role_specs):
         mask = roles == r
@@ -136,6 +140,8 @@ def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings:
             if spec.kl_coef != 0:
                 main = main + spec.kl_coef * kl
         token_loss = w * main - v * spec.entropy_coef * entropy
+        seq = seq_all[mask] if inputs.sequence_ids is not None else torch.arange(int(mask.sum()))
+        per_seq = [(clipped_low[seq == s].to(cd).mean(), clipped_high[seq == s].to(cd).mean()) for s in torch.unique(seq)]
         total = total + token_loss.sum()
         n = int(mask.sum())
         d = max(n, 1)
@@ -154,7 +160,8 @@ def reference_policy_loss(hidden, weight, targets, inputs: LossInputs, settings:
                 "opd_log_ratio": opd,
                 "pg_loss": pg.sum() / d,
                 "kl": kl.sum() / d,
+                "policy_loss": (w * main).sum() / normalizer,
+                "clip_low_seq_min": min(lo for lo, _ in per_seq) if per_seq else torch.tensor(0.0),
+                "clip_high_seq_max": max(hi for _, hi in per_seq) if per_seq else torch.tensor(0.0),
             }
-    if normalizer is None:
-        normalizer = 1.0 if inputs.weights is not None else max(int((roles >= 0).sum()), 1)
     return total / normalizer, stats

@@ -81,6 +81,29 @@ def check_linear_inputs(hidden, weight, targets) -> Tuple[int, int, int]:
     return T, H, V
 
 
+def check_bias(bias, weight: torch.Tensor, hidden: torch.Tensor) -> None:
+    """The lm head's optional bias: a ``[V]`` float tensor of the weight's dtype and device."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise ValueError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    V = weight.shape[0]
+    if bias.dim() != 1 or bias.shape[0] != V:
+        raise ValueError(f"bias must have shape [{V}] (one per vocabulary row of weight), got {tuple(bias.shape)}")
+    if bias.dtype != hidden.dtype:
+        raise ValueError(f"bias dtype {bias.dtype} differs from hidden dtype {hidden.dtype}")
+    if bias.device != hidden.device:
+        raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
+
+
+def check_target_range(targets: torch.Tensor, V: int) -> None:
+    """Targets must lie below ``V``: a negative target (the ignore index, e.g. -100) means "no
+    target"; one at or past the vocabulary is a model/data vocabulary mismatch (one host sync)."""
+    if targets.numel() and int(targets.max()) >= V:
+        raise ValueError(f"targets must be < V={V} (the weight's vocabulary rows), got {int(targets.max())}; "
+                         "a negative target (e.g. -100) means no target")
+
+
 def _check_vector(name: str, t, T: int, device: torch.device, integer: bool = False) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -157,13 +180,16 @@ def check_loss_inputs(hidden, weight, targets, inputs, settings, normalizer) -> 
     check_normalizer(normalizer)
     if T > 0:
         roles = inputs.roles
-        # One host sync for the three value checks.
-        bad_target = (((targets < 0) | (targets >= V)) & (roles >= 0)).any()
-        lo, hi, bad = torch.stack([roles.min().to(torch.int64), roles.max().to(torch.int64),
-                                   bad_target.to(torch.int64)]).tolist()
+        # One host sync for the four value checks.
+        untargeted = ((targets < 0) & (roles >= 0)).any()
+        lo, hi, bad, top = torch.stack([roles.min().to(torch.int64), roles.max().to(torch.int64),
+                                        untargeted.to(torch.int64), targets.max().to(torch.int64)]).tolist()
         if lo < -1 or hi >= len(role_specs):
             raise ValueError(f"roles must lie in [-1, {len(role_specs) - 1}] (index into role_specs), "
                              f"got values in [{lo}, {hi}]")
+        if top >= V:
+            raise ValueError(f"targets must be < V={V} (the weight's vocabulary rows), got {top}; a negative "
+                             "target (e.g. -100) means no target")
         if bad:
             raise ValueError(f"targets must lie in [0, {V}) on every trained token (role >= 0)")
     return T, H, V

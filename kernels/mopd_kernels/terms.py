@@ -40,13 +40,20 @@ from mopd_kernels.roles import (COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TY
                                 role_table)
 from mopd_kernels.settings import PolicyLossSettings
 
-STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "clip_low_frac", "clip_high_frac", "approx_kl",
-              "entropy_mean", "opd_log_ratio", "pg_loss", "kl")
+MEAN_STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "clip_low_frac", "clip_high_frac", "approx_kl",
+                   "entropy_mean", "opd_log_ratio", "pg_loss", "kl")
+STAT_NAMES = MEAN_STAT_NAMES + ("policy_loss", "clip_low_seq_min", "clip_high_seq_max")
 """Per-role stats: token count; mean A_t; fraction of tokens where the clipped branch is larger
 (pg2 > pg1, verl's pg_clipfrac); fractions clipped below (rho < 1 - clip_low, A < 0) and above
 (rho > 1 + clip_high, or the CISPO cap, A > 0), TRL's clip_ratio/low_mean and high_mean; mean
 old_logp - logp; mean H_t; mean teacher_logp - old_logp (0 without teacher_logp); mean pg_t; mean
-kl_t (0 without ref_logp). Unweighted means over the role's tokens."""
+kl_t (0 without ref_logp) -- unweighted means over the role's tokens (``MEAN_STAT_NAMES``); then
+``policy_loss``, the role's share of the loss without the entropy bonus, ``sum_t w_t (pg_coef s_t pg_t
++ kl_coef kl_t) / normalizer`` (TRL's ``policy_loss`` before its accumulation divisor), and the
+per-sequence extremes of the clip fractions: the smallest over the role's sequences of a sequence's
+fraction clipped below, the largest clipped above (TRL's ``clip_ratio/low_min`` / ``high_max``; a
+sequence is a ``sequence_ids`` value with a token of the role, every token its own sequence when
+``sequence_ids`` is None; 0 for a role without tokens)."""
 
 def _coef_times(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(coef != 0, coef * x, torch.zeros_like(x))
@@ -145,7 +152,8 @@ def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
         w = inputs.weights
         v = inputs.entropy_weights if inputs.entropy_weights is not None else w
         loss = (main if w is None else main * w) - (ent_coef * entropy if v is None else ent_coef * entropy * v)
-    out.update(loss=loss, advantage=A, kl=kl, old=old)
+    main = policy if kl_term is None else policy + kl_term
+    out.update(loss=loss, advantage=A, kl=kl, old=old, policy_loss=main if inputs.weights is None else main * inputs.weights)
     return out
 
 
@@ -167,22 +175,52 @@ def token_terms(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs, s
     return out
 
 
-def role_stats(terms: Dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
-               n_roles: int) -> Dict[int, Dict[str, torch.Tensor]]:
-    """Per-role means of the stat inputs (one ``index_add_`` for all roles; no host sync).
+def _sequence_extremes(terms: Dict[str, torch.Tensor], inputs: LossInputs, n_roles: int) -> torch.Tensor:
+    """``[n_roles, 2]``: per role, the smallest per-sequence mean of ``clipped_low`` and the largest
+    of ``clipped_high`` over the sequences with a token of the role (0 for a role without one).
+    Grouped by ``index_add_`` on (role, sequence) keys: no host sync when ``inputs.n_sequences``
+    bounds the ids (every token its own sequence without ``sequence_ids``)."""
+    n = terms["clipped_low"].shape[0]
+    roles = inputs.roles.long()
+    if inputs.sequence_ids is None:
+        seq, n_seq = torch.arange(n, device=roles.device), max(n, 1)
+    elif inputs.n_sequences is not None:
+        seq, n_seq = inputs.sequence_ids.long(), max(int(inputs.n_sequences), 1)
+    else:
+        seq = torch.unique(inputs.sequence_ids, return_inverse=True)[1].long()
+        n_seq = max(n, 1)
+    key = roles * n_seq + seq
+    sums = torch.zeros(n_roles * n_seq, 3, dtype=torch.float32, device=roles.device)
+    sums.index_add_(0, key, torch.stack([terms["clipped_low"], terms["clipped_high"],
+                                         torch.ones_like(terms["clipped_low"])], dim=1).float())
+    count = sums[:, 2]
+    present = (count > 0).view(n_roles, n_seq)
+    means = (sums[:, :2] / count.clamp(min=1).unsqueeze(1)).view(n_roles, n_seq, 2)
+    low = torch.where(present, means[..., 0], torch.full_like(means[..., 0], float("inf"))).amin(dim=1)
+    high = torch.where(present, means[..., 1], torch.full_like(means[..., 1], float("-inf"))).amax(dim=1)
+    any_seq = present.any(dim=1)
+    return torch.stack([torch.where(any_seq, low, torch.zeros_like(low)),
+                        torch.where(any_seq, high, torch.zeros_like(high))], dim=1)
 
-    Returns ``{r: {name: 0-d fp32 tensor}}`` for every role ``r`` in ``range(n_roles)``; means over
-    a role without tokens are 0.
+
+def role_stats(terms: Dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
+               n_roles: int, divisor=1.0) -> Dict[int, Dict[str, torch.Tensor]]:
+    """Per-role stats (one ``index_add_`` for all roles' means; no host sync); ``divisor`` is the
+    loss's normaliser (a number or a 0-d tensor), which divides ``policy_loss``.
+
+    Returns ``{r: {name: 0-d fp32 tensor}}`` for every role ``r`` in ``range(n_roles)``, in
+    ``STAT_NAMES`` order; means over a role without tokens are 0.
     """
     old_logp, teacher_logp = terms["old"], inputs.teacher_logp
     opd_ratio = teacher_logp - old_logp if teacher_logp is not None else torch.zeros_like(logp)
     columns = torch.stack([torch.ones_like(logp), terms["advantage"], terms["clipped"], terms["clipped_low"],
                            terms["clipped_high"], old_logp - logp, entropy, opd_ratio, terms["pg"],
-                           terms["kl"]], dim=1)
-    sums = torch.zeros(n_roles, len(STAT_NAMES), dtype=torch.float32, device=logp.device)
+                           terms["kl"], terms["policy_loss"]], dim=1)
+    sums = torch.zeros(n_roles, len(MEAN_STAT_NAMES) + 1, dtype=torch.float32, device=logp.device)
     sums.index_add_(0, inputs.roles.long(), columns.float())
     count = sums[:, :1]
-    means = torch.cat([count, sums[:, 1:] / count.clamp(min=1)], dim=1)
+    means = torch.cat([count, sums[:, 1:-1] / count.clamp(min=1), sums[:, -1:] / divisor,
+                       _sequence_extremes(terms, inputs, n_roles)], dim=1)
     return {r: {name: means[r, j] for j, name in enumerate(STAT_NAMES)} for r in range(n_roles)}
 
 

@@ -211,7 +211,7 @@ def record_launches():
                 logp, entropy, lse = chunked.logprobs_forward(hidden, weight, targets, loop, with_entropy=True)
                 context["loop"] = "logprobs_backward"
                 g = (torch.randn(T, generator=gen), torch.randn(T, generator=gen))
-                chunked.logprobs_backward(g, hidden, weight, targets, lse, entropy, loop,
+                chunked.logprobs_backward(g, hidden, weight, targets, (lse, entropy), loop,
                                           chunked.GradRequest(True, True))
                 context["loop"] = "policy_loss_pass"
                 settings = PolicyLossSettings(role_specs=(RoleSpec("outcome", entropy_coef=1e-3),),

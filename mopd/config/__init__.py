@@ -34,7 +34,7 @@ from mopd.config.resolver import ConfigKind, normalize_overrides, omegaconf_erro
 from mopd.config.rollout import (DEFAULT_GPU_MEMORY_UTILIZATION, MEMORY_HEADROOM_GIB, SCHEDULERS, RolloutConfig,
                                  free_memory_share)
 from mopd.config.run import (OPEN_MAPS, ROLE_SECTIONS, ROLLOUT_LOGPROBS_BF16, Config, describe, resolve, role_key,
-                             to_dict, to_yaml)
+                             identity_dict, identity_yaml, to_dict, to_yaml)
 from mopd.config.training import EvalConfig, TrainerConfig
 from mopd.config import presets  # noqa: F401  (registers the paper's presets)
 
@@ -45,5 +45,5 @@ __all__ = [
     "ReferenceConfig", "RetrieverConfig", "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig",
     "describe", "free_memory_share", "get_preset", "normalize_overrides", "omegaconf_errors", "preset_names",
     "register_engine", "register_preset", "register_reward", "resolve", "role_key", "role_loss", "to_dict",
-    "to_yaml",
+    "to_yaml", "identity_dict", "identity_yaml",
 ]

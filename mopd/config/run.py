@@ -170,6 +170,27 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def identity_dict(cfg: Config) -> dict:
+    """:func:`to_dict` less the sections that are off and say nothing about what a run trains: the
+    ``model.lora`` settings when LoRA is off (``model.lora.rank=0``). What a run's identity and a
+    stage's fingerprint are made of, so that runs and pipelines recorded before such a section
+    existed still match."""
+    d = to_dict(cfg)
+    if not cfg.model.lora.enabled:
+        d["model"].pop("lora")
+    return d
+
+
+def identity_yaml(cfg: Config) -> str:
+    """:func:`to_yaml` less what :func:`identity_dict` leaves out."""
+    from omegaconf import OmegaConf
+
+    d = OmegaConf.to_container(OmegaConf.structured(cfg))
+    if not cfg.model.lora.enabled:
+        d["model"].pop("lora")
+    return OmegaConf.to_yaml(OmegaConf.create(d))
+
+
 def describe(cfg: Config) -> str:
     """A short human summary of what a method does: role specs, rewards, teacher."""
     lines = [f"method: {cfg.method} ({cfg.rollout.workflow})", f"  {cfg.description}"]

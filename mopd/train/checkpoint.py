@@ -1,4 +1,4 @@
-"""Atomic, verified, resumable checkpoints (torch.distributed.checkpoint) and Hugging Face export.
+"""Atomic, verified, resumable checkpoints (torch.distributed.checkpoint); exports are :mod:`mopd.train.export`.
 
 A checkpoint is ``<run>/checkpoints/step_<N>/``: the DCP shards of model and optimizer (each
 rank writes its own), ``trainer_state.json`` (step, data position, scheduler, bad-step counter),
@@ -24,7 +24,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -40,23 +39,39 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mopd.core.atomic import atomic_write_text
-from mopd.core.model_dir import model_dir_problem, remote_code_trusted
-from mopd.train.export_target import (EXPORT_MARKER, NEW_PREFIX, ExportTargetError, check_export_target,
-                                      install_export, marker, repair_export, run_of)
 from mopd.train.manifest import FORMAT, verify_checkpoint, write_manifest
 from mopd.train.safe_load import UnsafeCheckpointFile, dcp_load, load_rng_file, read_dcp_metadata
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def _rank() -> int:
+TRAINED = StateDictOptions(ignore_frozen_params=True)
+"""What a checkpoint holds of the model: its trained parameters. In full fine-tuning that is every
+parameter; with LoRA the adapters alone (megabytes: the frozen base is the run's ``model.path``,
+checked by fingerprint on resume)."""
+TRAINED_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
+"""Loading those: the frozen parameters the checkpoint leaves out stay as loaded from the base
+(the checkpoint's names were compared with the model's first: :func:`checkpoint_mismatch`)."""
+
+
+def trained_state_dict(model) -> dict:
+    """The model's state dict as a checkpoint holds it (:data:`TRAINED`): frozen parameters left out,
+    a tied one too (``ignore_frozen_params`` alone keeps a tied, frozen lm head: the embedding, 0.78
+    GB in bf16 for Qwen3-4B, in every LoRA checkpoint)."""
+    from mopd.train.weight_sync import engine_name
+
+    sd = get_model_state_dict(model, options=TRAINED)
+    frozen = {engine_name(n) for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in sd.items() if k not in frozen} if frozen else sd
+
+
+def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _barrier() -> None:
+def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
 
@@ -99,30 +114,31 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model, optimizer, tra
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
-    if _rank() == 0:
+    if rank() == 0:
         recover_replaced(run_dir)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-    _barrier()
+    barrier()
     try:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        _, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
+        model_sd = trained_state_dict(model)
         with warnings.catch_warnings():
             # a single-process run saves without a process group, which DCP supports and warns about
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
-        if _rank() == 0:
+        torch.save(rng_state(), tmp / f"rng_rank{rank()}.pt")
+        if rank() == 0:
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "format": FORMAT, **trainer_state},
                                                                indent=2))
-        _barrier()
+        barrier()
         write_manifest(tmp)
     except BaseException:
-        if _rank() == 0:   # a partial save (a full disk, a kill) gives its space back; older steps are untouched
+        if rank() == 0:   # a partial save (a full disk, a kill) gives its space back; older steps are untouched
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _barrier()
-    if _rank() == 0:
+    barrier()
+    if rank() == 0:
         aside = root / f"step_{step:06d}.replaced"
         if final.exists():
             if aside.exists():
@@ -135,7 +151,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model, optimizer, tra
         for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
             if old != best:
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    barrier()
     return final
 
 
@@ -157,7 +173,7 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
     return [p for _, p in sorted(found)]
 
 
@@ -169,8 +185,8 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 def verify_on_all_ranks(path: Path) -> str | None:
     """:func:`verify_checkpoint` with the checksums split over the ranks; every rank gets the same
     answer (a collective under torch.distributed)."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    reason = verify_checkpoint(path, share=(rank, world))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    reason = verify_checkpoint(path, share=(rank(), world))
     if world > 1:
         reasons: list = [None] * world
         dist.all_gather_object(reasons, reason)
@@ -184,9 +200,9 @@ def find_checkpoint(run_dir: str | os.PathLike, model=None) -> tuple[Path | None
     Usable: it verifies against its manifest and, given the ``model`` it is to be loaded into, it
     belongs to that model and to this run (:func:`checkpoint_mismatch`). All ranks take part (each
     checksums its share of the files) and reach the same answer."""
-    if _rank() == 0:
+    if rank() == 0:
         recover_replaced(run_dir)
-    _barrier()
+    barrier()
     skipped = []
     for path in reversed(list_checkpoints(run_dir)):
         reason = verify_on_all_ranks(path)
@@ -211,14 +227,19 @@ def checkpoint_mismatch(path: Path, model, run_dir: str | os.PathLike | None = N
         return str(e)
     except Exception as e:  # noqa: BLE001 (a damaged .metadata pickle: not this model's checkpoint)
         return f"unreadable .metadata ({type(e).__name__})"
-    rng_file = path / f"rng_rank{_rank()}.pt"
+    rng_file = path / f"rng_rank{rank()}.pt"
     if rng_file.is_file():
         try:
             load_rng_file(rng_file)
         except UnsafeCheckpointFile as e:
             return str(e)
     saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
-    mine = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}
+    mine = {k: tuple(v.shape) for k, v in trained_state_dict(model).items()}
+    lora_saved, lora_mine = any(".lora_" in k for k in saved), any(".lora_" in k for k in mine)
+    if lora_saved != lora_mine:
+        held = "LoRA adapters only" if lora_saved else "all weights (full fine-tuning)"
+        wanted = "LoRA adapters (model.lora.rank > 0)" if lora_mine else "all weights (model.lora.rank=0)"
+        return f"it holds {held} but this run trains {wanted}"
     for name, shape in mine.items():
         if name not in saved:
             return f"it has no parameter {name} (a checkpoint of another model)"
@@ -273,15 +294,16 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = Tr
     state_file = path / "trainer_state.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no trainer_state.json)")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    rng_file = path / f"rng_rank{_rank()}.pt"
+    _, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
+    state = {"model": trained_state_dict(model), "optim": optim_sd}
+    rng_file = path / f"rng_rank{rank()}.pt"
     try:
         rng = load_rng_file(rng_file) if rng_file.is_file() else None
         dcp_load(state, path)
     except UnsafeCheckpointFile as e:
         raise CheckpointError(str(e)) from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=TRAINED_LOAD)
     if rng is not None:
         set_rng_state(rng)
     return json.loads(state_file.read_text())
@@ -292,12 +314,12 @@ def load_model_weights(path: str | os.PathLike, model) -> None:
     or not; every rank calls it (how a trainer exports its best-validation checkpoint)."""
     path = Path(path)
     _require_verified(path)
-    state = {"model": get_model_state_dict(model)}
+    state = {"model": trained_state_dict(model)}
     try:
         dcp_load(state, path)
     except UnsafeCheckpointFile as e:
         raise CheckpointError(str(e)) from None
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
 
 
 def load_latest(run_dir: str | os.PathLike, model, optimizer,
@@ -364,9 +386,9 @@ def mark_best(run_dir: str | os.PathLike, step: int, metric: str, value: float) 
     """Record ``step`` (already saved) as the best-validation checkpoint, which retention keeps
     beside the last K (rank 0 writes; call it on every rank)."""
     f = Path(run_dir) / "checkpoints" / BEST_FILE
-    if _rank() == 0:
+    if rank() == 0:
         atomic_write_text(f, json.dumps({"step": int(step), "metric": metric, "value": float(value)}))
-    _barrier()
+    barrier()
     return f.parent / f"step_{int(step):06d}"
 
 
@@ -414,105 +436,3 @@ def select_checkpoint(path: str | os.PathLike, which: str = "best", model=None) 
     if reason is not None:
         raise CheckpointError(f"{found} cannot be used: {reason}")
     return found, notes
-
-
-def full_model_state_dict(model) -> dict:
-    """Full (unsharded) parameters on CPU, on rank 0 (other ranks get an empty dict)."""
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd = get_model_state_dict(model, options=opts)
-    return sd if _rank() == 0 else {}
-
-
-def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict) -> Path:
-    """Write a Hugging Face model directory (safetensors, config, tokenizer) atomically, with the
-    export marker ``source`` (:func:`mopd.train.export_target.marker`).
-
-    The caller has checked the target (:func:`mopd.train.export_target.check_export_target`): new,
-    empty, or an earlier export of the same run, after :func:`mopd.train.export_target.repair_export`
-    put back or removed what an interrupted export left. The model is written into a fresh hidden
-    sibling directory (its marker first), which then takes the target's place
-    (:func:`mopd.train.export_target.install_export`): at every instant the target holds the
-    earlier export or the new one, or, where the filesystem cannot exchange two directories, what
-    the next export or ``mopd export --repair`` puts back."""
-    out = Path(out_dir)
-    sd = full_model_state_dict(model)
-    if _rank() == 0:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        repair_export(out)
-        tmp = Path(tempfile.mkdtemp(prefix=NEW_PREFIX.format(name=out.name), dir=out.parent))
-        try:
-            (tmp / EXPORT_MARKER).write_text(json.dumps(source, indent=1), encoding="utf-8")
-            model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            install_export(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    _barrier()
-    return out
-
-
-def recorded_base_model(src: Path) -> str | None:
-    """The base model a run (or step directory) was trained from: run.json's ``model.path``, else
-    the newest readable checkpoint's trainer_state.json."""
-    run = run_of(src)
-    try:
-        path = json.loads((run / "run.json").read_text())["config"]["model.path"]
-        if path:
-            return path
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
-    for step in steps:
-        try:
-            path = json.loads((step / "trainer_state.json").read_text()).get("model_path")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if path:
-            return path
-    return None
-
-
-def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                      base_model_path: str | None = None, which: str = "best",
-                      log: Callable[[str], None] = lambda s: None) -> Path:
-    """`mopd export`: load a DCP checkpoint's weights into the base architecture and save it for HF/vLLM.
-
-    ``ckpt_dir`` is a step directory or a run directory (``which``: best, latest or a step number,
-    see :func:`select_checkpoint`); the checkpoint must verify against its manifest and fit the
-    base model. The architecture and tokenizer come from ``base_model_path``, by default the
-    model the run recorded (:func:`recorded_base_model`). ``out_dir`` is checked first
-    (:func:`mopd.train.export_target.check_export_target`): nothing loads if it cannot be written.
-    """
-    src = Path(ckpt_dir)
-    if not src.is_dir():
-        raise CheckpointError(f"{src} does not exist (expected a run directory or RUN/checkpoints/step_N)")
-    run = run_of(src)
-    try:
-        for line in repair_export(out_dir):   # before the check: the target may be an interrupted export's
-            log(line)
-        check_export_target(out_dir, run)
-    except ExportTargetError as e:
-        raise CheckpointError(str(e)) from None
-    except OSError as e:
-        raise CheckpointError(f"--out {out_dir}: what an interrupted export left cannot be repaired: {e}") from None
-    base_model_path = base_model_path or recorded_base_model(src)
-    if not base_model_path:
-        raise CheckpointError(f"{src} does not record its base model; pass --base-model DIR")
-    if Path(base_model_path).is_dir() and model_dir_problem(base_model_path):
-        raise CheckpointError(f"base model {base_model_path} {model_dir_problem(base_model_path)}")
-    trusted = remote_code_trusted()
-    model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32, trust_remote_code=trusted)
-    tok = AutoTokenizer.from_pretrained(base_model_path, trust_remote_code=trusted)
-    ckpt, notes = select_checkpoint(src, which, model=model)
-    for n in notes:
-        log(n)
-    log(f"exporting {ckpt}")
-    state = {"model": get_model_state_dict(model)}
-    try:
-        dcp_load(state, ckpt)
-    except UnsafeCheckpointFile as e:
-        raise CheckpointError(str(e)) from None
-    model.load_state_dict(state["model"])
-    step = _STEP_DIR.match(ckpt.name)
-    return export_hf(model, tok, out_dir, marker(run, str(ckpt.resolve()), int(step.group(1)) if step else None))

@@ -36,12 +36,17 @@ def register(sub) -> None:
                    help="what --export writes: the best-validation checkpoint (the paper's selection; the last "
                         "weights when no validation ran) or the last weights (default best, as `mopd export`). "
                         "DIR must be new, empty, or an earlier export of this run")
+    p.add_argument("--export-adapter", action="store_true",
+                   help="a LoRA run (model.lora.rank > 0): --export writes the adapter alone (PEFT's format, with "
+                        "the fingerprint of its base: a Stage II over the same base takes it as teacher.path) "
+                        "instead of the adapter merged into the base")
     p.add_argument("preset", help="method preset (cmas_rl, mopd, outcome_searcher, base_teacher, "
                                   "no_searcher_supervision, prompted_critic)")
     add_overrides_argument(p)
     p.set_defaults(func=_train)
 
-    e = sub.add_parser("export", help="write a Hugging Face model (safetensors + tokenizer) from a checkpoint",
+    e = sub.add_parser("export", help="write a Hugging Face model (safetensors + tokenizer) from a checkpoint, or a "
+                                      "LoRA run's adapter",
                        description="Load a training checkpoint (a step_N directory, or a run directory and "
                                    "--checkpoint latest|best|STEP) into the run's base architecture and save it "
                                    "in Hugging Face format, loadable by transformers and vLLM (and as a teacher). "
@@ -57,6 +62,10 @@ def register(sub) -> None:
     e.add_argument("--base-model", default=None,
                    help="architecture/tokenizer source (default: the run's model.path in run.json, else the one "
                         "recorded in the checkpoint); a checkpoint that does not fit it is skipped or refused")
+    e.add_argument("--adapter", action="store_true",
+                   help="a LoRA run: write its adapter alone in PEFT's format (adapter_config.json, "
+                        "adapter_model.safetensors) with mopd_base.json, the fingerprint of the base it needs; "
+                        "without it the adapter is merged into the base (a plain model, no peft needed to load it)")
     e.add_argument("--trust-remote-code", action="store_true",
                    help="allow a base model whose config names Python code of its own (auto_map) and run that "
                         "code (as model.trust_remote_code=true); without it such a model is refused")
@@ -131,7 +140,7 @@ def _train(args) -> int:
         try:
             last = trainer.fit(args.steps)
             if args.export:
-                trainer.export(args.export, which=args.export_checkpoint)
+                trainer.export(args.export, which=args.export_checkpoint, adapter=args.export_adapter)
         except BaseException:
             trainer.close(failed=True)
             raise
@@ -167,7 +176,8 @@ def intact_checkpoint(run_dir) -> str:
 def _export(args) -> int:
     from mopd.core.errors import UserError
     from mopd.core.model_dir import trust_remote_code
-    from mopd.train.checkpoint import CheckpointError, export_checkpoint
+    from mopd.train.checkpoint import CheckpointError
+    from mopd.train.export import export_checkpoint
     from mopd.train.export_target import run_of
     from mopd.core.run_lock import RunLock, RunLocked
 
@@ -184,7 +194,8 @@ def _export(args) -> int:
     try:
         if args.repair:
             return _repair_export(args.out)
-        out = export_checkpoint(args.checkpoint, args.out, args.base_model, which=args.which, log=print)
+        out = export_checkpoint(args.checkpoint, args.out, args.base_model, which=args.which, log=print,
+                                adapter=args.adapter)
     except CheckpointError as e:
         raise UserError(str(e)) from None
     finally:

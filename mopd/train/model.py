@@ -73,10 +73,27 @@ def choose_attn(attn: str, device: torch.device) -> str:
 
 def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn: str = "auto",
                    use_liger: bool = False) -> Tuple[nn.Module, object]:
-    """Load a Hugging Face causal LM and its tokenizer from a local directory (or the HF cache)."""
+    """Load a Hugging Face causal LM and its tokenizer from a local directory (or the HF cache).
+
+    A LoRA adapter directory (``mopd export --adapter``, or any PEFT adapter) loads as its base
+    model with the adapter merged into the weights (the base must still be the one it was trained
+    over: :func:`mopd.train.lora.check_same_base`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mopd.train import packed_attention
+    from mopd.core.adapter_dir import AdapterDirError, is_adapter_dir, read_adapter_dir
+    from mopd.train import lora, packed_attention
+
+    if is_adapter_dir(path):
+        try:
+            base = read_adapter_dir(path).base_path
+            lora.check_same_base(path, base, "the adapter")
+        except (AdapterDirError, lora.LoraError) as e:
+            raise ModelLoadError(str(e)) from None
+        model, tok = load_causal_lm(base, dtype=dtype, device=device, attn=attn, use_liger=use_liger)
+        try:
+            return lora.merge_adapter(model, path), tok
+        except (AdapterDirError, lora.LoraError) as e:
+            raise ModelLoadError(str(e)) from None
 
     attn = choose_attn(attn, device)
     if attn in packed_attention.NAMES:
@@ -215,6 +232,15 @@ def master_dtype(name: str, device: torch.device, sharded: bool) -> torch.dtype:
     if name == "auto" and sharded and device.type == "cuda":
         return torch.float32
     return resolve_dtype(name, device)
+
+
+def policy_dtype(model_cfg, device: torch.device, sharded: bool) -> torch.dtype:
+    """The dtype the policy's weights are loaded in: the master dtype in full fine-tuning
+    (:func:`master_dtype`); with LoRA the compute dtype, since the base is frozen (nothing to keep
+    small updates for: the adapters, created in fp32, are the masters)."""
+    if model_cfg.lora.enabled:
+        return resolve_dtype(model_cfg.dtype, device)
+    return master_dtype(model_cfg.dtype, device, sharded)
 
 
 def mixed_precision_policies(enabled: bool):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from mopd.config import to_dict
+from mopd.config import identity_dict
 from mopd.core.atomic import atomic_write_text
 from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 from mopd.retriever import IndexDirError, NoRetriever, RetrieverUnavailable, retriever_identity
@@ -70,7 +70,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 def run_identity(cfg) -> dict:
     """The resolved config and the fingerprints that say what this run trains."""
-    conf = flatten(to_dict(cfg))
+    conf = flatten(identity_dict(cfg))
     ident = {"config": conf, "model": model_fingerprint(cfg.model.path)}
     teacher = conf.get("teacher.path") or ""
     ident["teacher"] = model_fingerprint(teacher) if teacher else None

@@ -18,15 +18,23 @@ gradients in one pass over the vocabulary (three lm-head matmuls per token inste
   nothing extra), the static ``entropy_coef`` bonus, ``tool_mask``, vLLM's importance-sampling
   correction, ``cast_lm_head_to_fp32``, ``temperature``, bf16/fp16 autocast.
 
+- an lm head with a bias (its gradient included);
+- sequence-level importance sampling with ``cispo`` (the REINFORCE term weighted by the sequence's
+  stopped, capped ratio) and ``sapo`` (the soft gate of the sequence's ratio), as TRL computes them.
+
 It refuses at construction, in one line naming the option, what it does not compute:
 ``loss_type`` ``luspo``/``vespo``, ``top_entropy_quantile < 1`` and ``off_policy_mask_threshold``
 (they need every token's entropy or log-prob before any gradient), ``use_adaptive_entropy``, MoE
-router aux losses, ``delta <= 1 + epsilon_high``, models with logit soft-capping, logit scaling or an
-lm-head bias, and a PEFT adapter on the lm head. Multimodal inputs are refused at the first batch.
+router aux losses, ``delta <= 1 + epsilon_high``, models with logit soft-capping or logit scaling,
+and a PEFT adapter on the lm head. Multimodal inputs are refused at the first batch.
 
-Logged like TRL: ``entropy``, ``kl``, ``clip_ratio/low_mean``, ``clip_ratio/high_mean``,
-``clip_ratio/region_mean`` (token means over all processes), ``cispo_clip_ratio``; not
-``clip_ratio/low_min``/``high_max`` (per-sequence extremes) nor ``policy_loss``.
+Logged like TRL, with the same values on the same batch: ``entropy``, ``kl``, ``clip_ratio/low_mean``,
+``high_mean``, ``region_mean`` (token means over all processes), ``clip_ratio/low_min`` / ``high_max``
+(per-sequence extremes over all processes), ``cispo_clip_ratio``, and ``policy_loss`` and
+``entropy_coef`` where the entropy bonus is on. Each micro-batch's values stay on the device (0-d
+tensors, gathered across processes without a host sync); ``log`` turns them into numbers, one host
+transfer per logging step. (TRL counts a completion with no trained token as an unclipped sequence
+in ``low_min`` under sequence-level importance sampling; here it is no sequence.)
 """
 
 from __future__ import annotations
@@ -82,8 +90,6 @@ def unsupported_options(trainer: GRPOTrainer, model) -> list:
     head = base.get_output_embeddings()
     if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
         found.append("a model without an lm-head weight (get_output_embeddings)")
-    elif getattr(head, "bias", None) is not None:
-        found.append("an lm head with a bias")
     elif type(head).__module__.startswith("peft"):
         found.append("a PEFT adapter on the lm head")
     return found
@@ -91,7 +97,7 @@ def unsupported_options(trainer: GRPOTrainer, model) -> list:
 
 def add_fused_policy_loss(model) -> None:
     """Patch ``model`` (as TRL's ``add_fused_lm_head`` does) so that ``model(..., fused_policy_loss=f)``
-    runs the backbone and returns ``f(hidden_states, lm_head_weight)``; any other call is the
+    runs the backbone and returns ``f(hidden_states, lm_head_weight, lm_head_bias)``; any other call is the
     model's own forward. The backbone and head are looked up per call (FSDP and PEFT replace them)."""
     previous = model.forward
 
@@ -102,7 +108,7 @@ def add_fused_policy_loss(model) -> None:
         kwargs["use_cache"] = False
         hidden = self.base_model(*args, **kwargs).last_hidden_state
         head = self.get_output_embeddings()
-        return fused_policy_loss(hidden.to(head.weight.device), head.weight)
+        return fused_policy_loss(hidden.to(head.weight.device), head.weight, getattr(head, "bias", None))
 
     model.forward = types.MethodType(forward, model)
 
@@ -169,26 +175,34 @@ class FusedGRPOTrainer(GRPOTrainer):
                                   ref_logp=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
                                   pg_scale=pg_scale)
 
-        def fused(hidden, weight):
+        def fused(hidden, weight, bias):
             # position t's state predicts token t + 1: the completion's C tokens come from the C states
             # before them (TRL's log_probs[:, -logits_to_keep:] after its shift)
             h = hidden[:, -C - 1:-1]
             if self.args.cast_lm_head_to_fp32:
                 h = h.float()
-            return loss_fn(h, weight, completions)
+            return loss_fn(h, weight, completions, bias=bias)
 
         with self.accelerator.autocast():
             loss, stats = model(input_ids=input_ids, attention_mask=attention_mask, fused_policy_loss=fused)
-        self._log_loss_stats(stats, mode)
+        self._log_loss_stats(stats, mode, policy.scale)
         return loss
 
-    def _log_loss_stats(self, stats, mode: str) -> None:
+    def _log_loss_stats(self, stats, mode: str, accumulation_scale: float) -> None:
+        """TRL's metrics of this micro-batch as 0-d device tensors (no host sync; ``log`` converts)."""
+        stats = {k: v.detach() for k, v in stats.items()}
         tokens = stats["tokens"]
         names = ["entropy_mean", "kl", "clip_low_frac", "clip_high_frac"]
-        sums = torch.stack([stats[n] * tokens for n in names] + [tokens]).detach()
-        totals = self.accelerator.reduce(sums, reduction="sum")
-        entropy, kl, low, high = (totals[:4] / totals[4].clamp(min=1.0)).tolist()
+        totals = self.accelerator.reduce(torch.stack([stats[n] * tokens for n in names] + [tokens]), reduction="sum")
+        entropy, kl, low, high = totals[:4] / totals[4].clamp(min=1.0)
         metrics = self._metrics[mode]
+        if self._entropy_bonus_enabled:
+            # TRL's policy_loss is the policy (+ KL) aggregate before its accumulation divisor, which
+            # the grpo-family weights here carry (1 for dapo and cispo: theirs is in the normaliser)
+            metrics["policy_loss"].append(self.accelerator.gather(stats["policy_loss"].reshape(1)).nanmean()
+                                          / accumulation_scale)
+            if mode == "train" and self.accelerator.sync_gradients:
+                metrics["entropy_coef"].append(self.entropy_coef)
         if self.beta != 0.0:
             metrics["kl"].append(kl)
         metrics["entropy"].append(entropy)
@@ -198,3 +212,24 @@ class FusedGRPOTrainer(GRPOTrainer):
             metrics["clip_ratio/low_mean"].append(low)
             metrics["clip_ratio/high_mean"].append(high)
             metrics["clip_ratio/region_mean"].append(low + high)
+            # per-sequence extremes over all processes; a process without tokens has no sequence
+            extremes = self.accelerator.gather(torch.stack([stats["clip_low_seq_min"], stats["clip_high_seq_max"],
+                                                            tokens]).unsqueeze(0)).reshape(-1, 3)
+            present = extremes[:, 2] > 0
+            inf = torch.full_like(extremes[:, 0], float("inf"))
+            low_min = torch.where(present, extremes[:, 0], inf).amin()
+            high_max = torch.where(present, extremes[:, 1], -inf).amax()
+            nan = torch.full_like(low_min, float("nan"))
+            metrics["clip_ratio/low_min"].append(torch.where(present.any(), low_min, nan))
+            metrics["clip_ratio/high_max"].append(torch.where(present.any(), high_max, nan))
+
+    def log(self, logs, start_time=None):
+        """TRL's ``log``, after this trainer's device-side metrics become numbers (one host transfer)."""
+        for metrics in self._metrics.values():
+            pending = [(key, i) for key, values in metrics.items() for i, v in enumerate(values)
+                       if isinstance(v, torch.Tensor)]
+            if pending:
+                numbers = torch.stack([metrics[k][i].float().reshape(()) for k, i in pending]).tolist()
+                for (key, i), number in zip(pending, numbers, strict=True):
+                    metrics[key][i] = number
+        return super().log(logs, start_time)

@@ -27,7 +27,18 @@ def model_dir(tmp_path_factory):
     return tiny_causal_lm_dir(tmp_path_factory.mktemp("trl_model"), vocab=211, hidden=48)
 
 
-def _trainer(cls, model_dir, tmp_path, **config):
+def _biased_head(model, seed=5):
+    """``model``'s lm head replaced by one with the same weight and a random bias (Phi-2, GPT-J)."""
+    old = model.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.copy_(torch.randn(old.out_features, generator=torch.Generator().manual_seed(seed)))
+    model.lm_head = head
+    return model
+
+
+def _trainer(cls, model_dir, tmp_path, *, lm_head_bias=False, **config):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     defaults = dict(output_dir=str(tmp_path / cls.__name__), per_device_train_batch_size=4, num_generations=4,
@@ -36,7 +47,10 @@ def _trainer(cls, model_dir, tmp_path, **config):
                     dataloader_num_workers=0, temperature=0.7)
     defaults.update(config)
     torch.manual_seed(0)
-    return cls(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward_len,
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if lm_head_bias:
+        model = _biased_head(model)
+    return cls(model=model, reward_funcs=reward_len,
                args=GRPOConfig(**defaults), train_dataset=grpo_dataset(),
                processing_class=AutoTokenizer.from_pretrained(model_dir))
 
@@ -78,7 +92,7 @@ def _loss_and_grads(trainer, inputs):
     loss = trainer._compute_loss(trainer.model, inputs)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    return float(loss), grads
+    return float(loss.detach()), grads
 
 
 def _rel(a, b):
@@ -98,7 +112,19 @@ CASES = {
     "cispo": dict(loss_type="cispo", epsilon_high=4.0, beta=0.04),
     "sapo": dict(loss_type="sapo", entropy_coef=0.01),
     "grpo-on-policy": dict(loss_type="grpo", beta=0.04, on_policy=True),
+    # sequence-level importance sampling with cispo and sapo: computed as TRL computes it
+    "cispo-sequence": dict(loss_type="cispo", importance_sampling_level="sequence", epsilon_high=1.3,
+                           entropy_coef=0.01),
+    "sapo-sequence": dict(loss_type="sapo", importance_sampling_level="sequence", beta=0.04),
+    # an lm head with a bias, its gradient compared with the rest
+    "grpo-lm-head-bias": dict(loss_type="grpo", entropy_coef=0.01, lm_head_bias=True),
+    "dapo-lm-head-bias-gspo": dict(loss_type="dapo", importance_sampling_level="sequence", lm_head_bias=True),
 }
+
+
+def _metrics(trainer):
+    """The last value of each metric this micro-batch logged, as numbers (ours are device tensors)."""
+    return {k: float(v[-1]) for k, v in trainer._metrics["train"].items() if v}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -115,9 +141,51 @@ def test_same_loss_and_gradients_as_grpo_trainer_fp32(name, model_dir, tmp_path)
     assert set(got) == set(want)
     for n in want:
         assert _rel(got[n], want[n]) < 1e-5, (n, _rel(got[n], want[n]))
-    if "clip_ratio/low_mean" in theirs._metrics["train"]:
-        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "entropy"):
-            assert abs(ours._metrics["train"][key][-1] - theirs._metrics["train"][key][-1]) < 1e-5, key
+    if case.get("lm_head_bias"):
+        assert "lm_head.bias" in got and float(got["lm_head.bias"].abs().sum()) > 0
+    mine, trl = _metrics(ours), _metrics(theirs)
+    if case.get("importance_sampling_level") == "sequence":
+        # TRL's sequence-level low_min counts the batch's empty completion (sequence 3) as unclipped
+        trl.pop("clip_ratio/low_min", None), mine.pop("clip_ratio/low_min", None)
+    assert set(mine) == set(trl), set(mine) ^ set(trl)
+    for key, want_value in trl.items():
+        assert abs(mine[key] - want_value) < 1e-5 * max(1.0, abs(want_value)), (key, mine[key], want_value)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_entropy_bonus_scale(loss_type, model_dir, tmp_path):
+    """TRL's check of the entropy bonus, on our logs: the loss is the logged ``policy_loss`` (over the
+    accumulation steps for the grpo family, whose normaliser holds them for dapo) minus
+    ``entropy_coef`` times the logged entropy over the accumulation steps -- for both trainers, with
+    the same numbers."""
+    coef, accum = 0.05, 2
+    values = {}
+    for cls in (GRPOTrainer, FusedGRPOTrainer):
+        trainer = _trainer(cls, model_dir, tmp_path, loss_type=loss_type, entropy_coef=coef)
+        inputs, g = _batch(trainer.model.config.vocab_size, seed=3)
+        inputs = _scored(trainer, inputs, g, old=True, ref=False)
+        loss, _ = _loss_and_grads(trainer, inputs)
+        m = _metrics(trainer)
+        policy = m["policy_loss"] / (accum if loss_type != "dapo" else 1)
+        assert abs(loss - (policy - coef * m["entropy"] / accum)) < 1e-6 * max(1.0, abs(loss)), (cls, m, loss)
+        values[cls] = (loss, m["policy_loss"], m["entropy"])
+    for want, got in zip(values[GRPOTrainer], values[FusedGRPOTrainer], strict=True):
+        assert abs(got - want) < 1e-5 * max(1.0, abs(want))
+
+
+def test_train_with_static_entropy(model_dir, tmp_path):
+    """Two training steps with a static entropy bonus log what TRL's do: ``policy_loss``,
+    ``entropy_coef`` (constant), ``entropy``, the clip ratios with their per-sequence extremes."""
+    logged = {}
+    for cls in (GRPOTrainer, FusedGRPOTrainer):
+        trainer = _trainer(cls, model_dir, tmp_path, loss_type="grpo", entropy_coef=0.01)
+        trainer.train()
+        logged[cls] = [e for e in trainer.state.log_history if "loss" in e]
+    for entry in logged[FusedGRPOTrainer]:
+        assert entry["entropy_coef"] == 0.01
+        for key in ("policy_loss", "entropy", "clip_ratio/low_min", "clip_ratio/high_max"):
+            assert isinstance(entry[key], float), (key, entry)
+    assert [sorted(e) for e in logged[FusedGRPOTrainer]] == [sorted(e) for e in logged[GRPOTrainer]]
 
 
 BF16_TOL = {"loss": 1e-4, "grad": 2e-2}

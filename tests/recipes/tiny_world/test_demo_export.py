@@ -40,7 +40,7 @@ def test_the_exported_model_is_the_best_dev_step_not_the_last(tiny_model_dir, qa
         export_best("stage", t, tmp_path / "best", log=print)
     finally:
         t.close()
-    from mopd.train.checkpoint import export_checkpoint
+    from mopd.train.export import export_checkpoint
 
     export_checkpoint(tmp_path / "run", tmp_path / "step2", which="2")
     best, last, step2 = (_weights(tmp_path / d) for d in ("best", "last", "step2"))

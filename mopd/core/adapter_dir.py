@@ -1,0 +1,79 @@
+"""What a LoRA adapter directory is and what base model it needs (no torch, no PEFT import).
+
+An adapter directory is PEFT's format: ``adapter_config.json`` (rank, alpha, target modules, the
+base's name) and ``adapter_model.safetensors`` (tensors named ``base_model.model.<module>.lora_A.weight``),
+which ``PeftModel.from_pretrained`` and vLLM's LoRA loader read. ``mopd export --adapter`` adds
+``mopd_base.json``: the base's path and the fingerprint of its weights
+(:func:`mopd.core.fingerprint.model_fingerprint`), so that a teacher, an evaluation or a resume on
+another base is refused in one line instead of scoring garbage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_FILE = "mopd_base.json"
+PEFT_PREFIX = "base_model.model."
+"""The prefix of every tensor name in PEFT's adapter files (the PeftModel's own module path)."""
+
+
+class AdapterDirError(ValueError):
+    """A directory meant as an adapter cannot be used (the message names the file and why)."""
+
+
+@dataclass(frozen=True)
+class AdapterDir:
+    path: str
+    config: dict
+    """``adapter_config.json`` as written by PEFT."""
+    base_path: str
+    """The base model's directory: ``mopd_base.json``'s, else PEFT's ``base_model_name_or_path``."""
+    base_weights: Optional[str]
+    """The base's weights fingerprint (``mopd_base.json``), None for an adapter PEFT wrote alone."""
+
+    @property
+    def rank(self) -> int:
+        return int(self.config.get("r", 0))
+
+
+def is_adapter_dir(path: str) -> bool:
+    """Whether ``path`` is a directory holding an adapter (``adapter_config.json``) and no full model."""
+    p = Path(path).expanduser()
+    return p.is_dir() and (p / ADAPTER_CONFIG).is_file() and not (p / "config.json").is_file()
+
+
+def read_adapter_dir(path: str) -> AdapterDir:
+    """The adapter at ``path`` and the base it needs; one line (AdapterDirError) for what is missing
+    or malformed."""
+    p = Path(path).expanduser()
+    conf_file = p / ADAPTER_CONFIG
+    try:
+        config = json.loads(conf_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise AdapterDirError(f"{conf_file} cannot be read ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(config, dict) or str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise AdapterDirError(f"{conf_file} is not a LoRA adapter's config (peft_type "
+                              f"{config.get('peft_type') if isinstance(config, dict) else type(config).__name__})")
+    if not isinstance(config.get("r"), int) or config["r"] <= 0:
+        raise AdapterDirError(f"{conf_file} has no positive rank r")
+    if not (p / ADAPTER_WEIGHTS).is_file():
+        raise AdapterDirError(f"{p} has no {ADAPTER_WEIGHTS}")
+    base = {}
+    if (p / BASE_FILE).is_file():
+        try:
+            base = json.loads((p / BASE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise AdapterDirError(f"{p / BASE_FILE} cannot be read ({type(e).__name__})") from None
+        if not isinstance(base, dict):
+            raise AdapterDirError(f"{p / BASE_FILE} is not a JSON object")
+    base_path = str(base.get("path") or config.get("base_model_name_or_path") or "")
+    if not base_path:
+        raise AdapterDirError(f"{p} does not say which base model it adapts (no {BASE_FILE}, no "
+                              "base_model_name_or_path in its config)")
+    weights = base.get("weights")
+    return AdapterDir(str(p), config, base_path, weights if isinstance(weights, str) else None)

@@ -1,0 +1,230 @@
+"""Exports: a run's weights as a Hugging Face model directory, or a LoRA run's adapter alone.
+
+``mopd export RUN`` (:func:`export_checkpoint`) and ``mopd train --export``
+(:func:`export_weights`) write a plain Hugging Face model (safetensors, config, tokenizer) that
+``from_pretrained`` and vLLM load with no PEFT: a LoRA run's adapter is merged into its base (in
+fp32, so that updates smaller than a bf16 rounding step are not lost). On request (``--adapter``) a
+LoRA run writes its adapter alone in PEFT's format with the fingerprint of the base it needs
+(:mod:`mopd.core.adapter_dir`): what a Stage II over the same base takes as its teacher, with no
+second copy of the base in memory.
+
+Every export is written into a fresh hidden sibling of the target and then put in its place
+(:func:`install_dir`), so the target always holds a whole export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mopd.core.model_dir import model_dir_problem, remote_code_trusted
+from mopd.train import lora as lora_mod
+from mopd.train.checkpoint import (STEP_DIR, TRAINED_LOAD, CheckpointError, barrier, rank,
+                                   list_checkpoints, select_checkpoint, trained_state_dict)
+from mopd.train.export_target import (EXPORT_MARKER, NEW_PREFIX, ExportTargetError, check_export_target,
+                                      install_export, marker, repair_export, run_of)
+from mopd.train.safe_load import UnsafeCheckpointFile, dcp_load
+
+
+def full_model_state_dict(model) -> dict:
+    """Full (unsharded) parameters on CPU, on rank 0 (other ranks get an empty dict)."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=opts)
+    return sd if rank() == 0 else {}
+
+
+def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict, state_dict: dict | None = None) -> Path:
+    """Write a Hugging Face model directory (safetensors, config, tokenizer) atomically, with the
+    export marker ``source`` (:func:`mopd.train.export_target.marker`).
+
+    The caller has checked the target (:func:`mopd.train.export_target.check_export_target`): new,
+    empty, or an earlier export of the same run, after :func:`mopd.train.export_target.repair_export`
+    put back or removed what an interrupted export left. The model is written into a fresh hidden
+    sibling directory (its marker first), which then takes the target's place
+    (:func:`mopd.train.export_target.install_export`): at every instant the target holds the
+    earlier export or the new one, or, where the filesystem cannot exchange two directories, what
+    the next export or ``mopd export --repair`` puts back. ``state_dict``: what to write instead of
+    ``model``'s own (gathered) parameters (rank 0's; a LoRA run's merged weights)."""
+    sd = full_model_state_dict(model) if state_dict is None else state_dict
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    return install_dir(out_dir, source, write)
+
+
+def export_adapter(state: dict, lora, base_path: str, out_dir: str | os.PathLike, source: dict) -> Path:
+    """Write a LoRA adapter directory (PEFT's format and ``mopd_base.json``: the base it needs, by
+    fingerprint) atomically, as :func:`export_hf` writes a model; ``state``: rank 0's adapter tensors
+    under PEFT's names (:func:`mopd.train.lora.adapter_state_dict`)."""
+    return install_dir(out_dir, source, lambda tmp: lora_mod.write_adapter_dir(
+        tmp, state, lora, base_path, lora_mod.base_weights(base_path)))
+
+
+def install_dir(out_dir: str | os.PathLike, source: dict, write: Callable[[Path], None]) -> Path:
+    """Rank 0 writes a fresh hidden sibling of ``out_dir`` (its export marker first, then ``write``)
+    and puts it in the target's place (:func:`mopd.train.export_target.install_export`); every rank
+    returns after a barrier."""
+    out = Path(out_dir)
+    if rank() == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        repair_export(out)
+        tmp = Path(tempfile.mkdtemp(prefix=NEW_PREFIX.format(name=out.name), dir=out.parent))
+        try:
+            (tmp / EXPORT_MARKER).write_text(json.dumps(source, indent=1), encoding="utf-8")
+            write(tmp)
+            install_export(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    barrier()
+    return out
+
+
+def recorded_base_model(src: Path) -> str | None:
+    """The base model a run (or step directory) was trained from: run.json's ``model.path``, else
+    the newest readable checkpoint's trainer_state.json."""
+    run = run_of(src)
+    try:
+        path = json.loads((run / "run.json").read_text())["config"]["model.path"]
+        if path:
+            return path
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
+    for step in steps:
+        try:
+            path = json.loads((step / "trainer_state.json").read_text()).get("model_path")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if path:
+            return path
+    return None
+
+
+def recorded_lora(src: Path):
+    """The ``model.lora`` settings a run (or step directory) trained with (None: full fine-tuning):
+    the newest readable checkpoint's trainer_state.json."""
+    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
+    for step in steps:
+        try:
+            state = json.loads((step / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        found = state.get("lora") if isinstance(state, dict) else None
+        if isinstance(found, dict) and found.get("rank"):
+            from mopd.config.inputs import LoraConfig
+
+            return LoraConfig(rank=int(found["rank"]), alpha=float(found["alpha"]), dropout=float(found["dropout"]),
+                              target_modules=tuple(found["target_modules"]))
+        if isinstance(state, dict):
+            return None
+    return None
+
+
+def _check_lora_base(src: Path, base_path: str) -> None:
+    """A LoRA checkpoint merged into (or exported for) a base of other weights than the one it was
+    trained over would be garbage that loads: refused in one line (the weights' fingerprints)."""
+    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
+    for step in steps:
+        try:
+            recorded = json.loads((step / "trainer_state.json").read_text()).get("base_model_weights")
+        except (OSError, ValueError, AttributeError):
+            continue
+        have = lora_mod.base_weights(base_path)
+        if recorded and have and recorded != have:
+            raise CheckpointError(f"{src} trained LoRA adapters over another base (weights {recorded[:12]}); "
+                                  f"{base_path} has {have[:12]}: pass the base it was trained on (--base-model)")
+        return
+
+
+def export_weights(model, tokenizer, out_dir: str | os.PathLike, source: dict, *, lora=None,
+                   base_path: str = "", adapter: bool = False) -> Path:
+    """Export ``model`` as it is (every rank calls it): the full weights; with ``lora`` (the run's
+    ``model.lora`` over ``base_path``) the adapter merged into a fresh fp32 copy of the base, or the
+    adapter alone when ``adapter``."""
+    if lora is None:
+        if adapter:
+            raise CheckpointError("--adapter: this run trains all weights (no LoRA): there is no adapter to export")
+        return export_hf(model, tokenizer, out_dir, source)
+    state = lora_mod.adapter_state_dict(model)   # a collective under FSDP: every rank
+    if adapter:
+        return export_adapter(state, lora, base_path, out_dir, source)
+    merged = lora_mod.merged_model(base_path, lora, state, dtype=torch.float32) if rank() == 0 else model
+    return export_hf(merged, tokenizer, out_dir, source, state_dict=merged.state_dict() if rank() == 0 else {})
+
+
+def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                      base_model_path: str | None = None, which: str = "best",
+                      log: Callable[[str], None] = lambda s: None, adapter: bool = False) -> Path:
+    """`mopd export`: load a DCP checkpoint's weights into the base architecture and save it for HF/vLLM.
+
+    ``ckpt_dir`` is a step directory or a run directory (``which``: best, latest or a step number,
+    see :func:`select_checkpoint`); the checkpoint must verify against its manifest and fit the
+    base model. The architecture and tokenizer come from ``base_model_path``, by default the
+    model the run recorded (:func:`recorded_base_model`). A LoRA run's checkpoint (adapters only)
+    is exported merged into that base, or as the adapter alone with ``adapter``; the base must be
+    the one the run trained over (its fingerprint). ``out_dir`` is checked first
+    (:func:`mopd.train.export_target.check_export_target`): nothing loads if it cannot be written.
+    """
+    src = Path(ckpt_dir)
+    if not src.is_dir():
+        raise CheckpointError(f"{src} does not exist (expected a run directory or RUN/checkpoints/step_N)")
+    run = run_of(src)
+    try:
+        for line in repair_export(out_dir):   # before the check: the target may be an interrupted export's
+            log(line)
+        check_export_target(out_dir, run)
+    except ExportTargetError as e:
+        raise CheckpointError(str(e)) from None
+    except OSError as e:
+        raise CheckpointError(f"--out {out_dir}: what an interrupted export left cannot be repaired: {e}") from None
+    base_model_path = base_model_path or recorded_base_model(src)
+    if not base_model_path:
+        raise CheckpointError(f"{src} does not record its base model; pass --base-model DIR")
+    if Path(base_model_path).is_dir() and model_dir_problem(base_model_path):
+        raise CheckpointError(f"base model {base_model_path} {model_dir_problem(base_model_path)}")
+    lora = recorded_lora(src)
+    if adapter and lora is None:
+        raise CheckpointError(f"--adapter: {src} trained all weights (no LoRA): there is no adapter to export")
+    trusted = remote_code_trusted()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32, trust_remote_code=trusted)
+        tok = AutoTokenizer.from_pretrained(base_model_path, trust_remote_code=trusted)
+    except (OSError, ValueError) as e:   # not a directory, not in the Hub cache (the Hub is not asked offline)
+        raise CheckpointError(f"base model {base_model_path} cannot be loaded: {str(e).splitlines()[0][:200]}") from None
+    if lora is not None:
+        _check_lora_base(src, base_model_path)
+        try:
+            lora_mod.add_adapters(model, lora, base_model_path)
+        except lora_mod.LoraError as e:
+            raise CheckpointError(f"{src}: {e}") from None
+    ckpt, notes = select_checkpoint(src, which, model=model)
+    for n in notes:
+        log(n)
+    log(f"exporting {ckpt}")
+    state = {"model": trained_state_dict(model)}
+    try:
+        dcp_load(state, ckpt)
+    except UnsafeCheckpointFile as e:
+        raise CheckpointError(str(e)) from None
+    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
+    step = STEP_DIR.match(ckpt.name)
+    source = marker(run, str(ckpt.resolve()), int(step.group(1)) if step else None)
+    if lora is None:
+        return export_hf(model, tok, out_dir, source)
+    state = lora_mod.adapter_state_dict(model)
+    if adapter:
+        return export_adapter(state, lora, base_model_path, out_dir, source)
+    del model
+    merged = lora_mod.merged_model(base_model_path, lora, state, dtype=torch.float32)
+    return export_hf(merged, tok, out_dir, source)
