@@ -7,7 +7,7 @@ tokens/s of lock-step at the paper's scale, simulated with a calibrated engine c
    from traces of H-MAS runs on a tiny world at the paper's limits with 64-token outputs (the step-by-
    step shape: turns, output lengths, searches), outputs scaled by 512/64: ``tiny_hmas_traces_pi0.json``
    (pi_0 sampling at T=1 on the HF engine) and ``tiny_hmas_traces.json`` (the scripted team pi_0
-   imitates); made by ``python bench/bench_async_rollout.py trace WORLD MODEL OUT [scripted|model]``.
+   imitates); made by ``python bench/recipes/tiny_world/hmas_traces.py WORLD MODEL OUT [scripted|model]``.
 2. ``test_cpu_tiny_world``: both schedulers on the CPU, alternating in one process, on a tiny world
    with the HF engine and the retrieval server in its own process (``mopd retriever serve``).
    Needs a world and a model: ``MOPD_BENCH_WORLD`` (default /tmp/quick/world) and
@@ -211,7 +211,7 @@ def _alternate(retriever, label: str, retrieval_workers: int) -> None:
 
     import torch
 
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
+    from mopd.core.qa import load_flashrag
     from mopd.rollout.async_scheduler import run_workflows_async
     from mopd.rollout.hf_engine import HFEngine
     from mopd.rollout.run_state import WorkflowSettings
@@ -219,7 +219,7 @@ def _alternate(retriever, label: str, retrieval_workers: int) -> None:
 
     torch.set_num_threads(1)
     engine = HFEngine.from_pretrained(str(MODEL), device="cpu")
-    questions = load_split(WorldPaths.of(WORLD), "train")[:int(os.environ.get("MOPD_BENCH_QUESTIONS", "16"))]
+    questions = load_flashrag(WORLD / "questions" / "train.jsonl")[0][:int(os.environ.get("MOPD_BENCH_QUESTIONS", "16"))]
     settings = WorkflowSettings(workflow="hmas", max_steps=8, max_rounds=3, max_input_tokens=2048,
                                 max_output_tokens=TINY_OUTPUT_CAP, answer_candidates=4, temperature=0.6,
                                 seed=0, retrieval_workers=retrieval_workers)
@@ -250,47 +250,3 @@ def _alternate(retriever, label: str, retrieval_workers: int) -> None:
     print(f"best tokens/s: lock-step {best['lockstep']:.1f}, async {best['async']:.1f}, "
           f"ratio {best['async'] / best['lockstep']:.2f}; per-round ratios "
           + ", ".join(f"{p:.2f}" for p in pairs) + f"; median {statistics.median(pairs):.2f}")
-
-
-# ----------------------------------------------------------------------------------------------
-def make_traces(world: Path, model_dir: Path, out: Path, attempts: int = 3, policy: str = "scripted") -> None:
-    """H-MAS runs on the tiny world's training questions at the paper's limits (12 steps, 5 rounds,
-    5 candidates; 64-token outputs, the tiny presets' cap), as step traces. ``policy``: 'scripted'
-    (the tiny world's scripted team, with ``model_dir``'s tokenizer) or 'model' (the model in
-    ``model_dir`` on the HF engine, sampling at temperature 1)."""
-    import torch
-    from rollout_sim import save_traces, trace_runs
-    from transformers import AutoTokenizer
-
-    from mopd.recipes.tiny_world.scripted_policy import DemoEngine, DemoStyle, world_policy
-    from mopd.recipes.tiny_world.world import WorldPaths, load_split
-    from mopd.retriever import open_retriever
-    from mopd.rollout.hf_engine import HFEngine
-    from mopd.rollout.run_state import WorkflowSettings
-
-    torch.set_num_threads(1)
-    paths = WorldPaths.of(world)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if policy == "scripted":
-        engine = DemoEngine(world_policy(paths.root, DemoStyle()), tokenizer, seed=0)
-        source = f"the scripted tiny-world team (DemoStyle defaults), H-MAS, {world}"
-    else:
-        engine = HFEngine.from_pretrained(str(model_dir), device="cpu")
-        source = f"pi_0 {model_dir} sampling at T=1 on the HF engine, H-MAS, {world}"
-    settings = WorkflowSettings(workflow="hmas", max_steps=PAPER["max_steps"], max_rounds=PAPER["max_rounds"],
-                                max_output_tokens=TINY_OUTPUT_CAP,
-                                answer_candidates=PAPER["answer_candidates"], temperature=1.0, seed=0)
-    traces = trace_runs(engine, open_retriever(world / "index"), tokenizer, load_split(paths, "train"),
-                        settings, attempts=attempts)
-    save_traces(out, traces, {"source": source,
-                              "settings": {"max_steps": settings.max_steps, "max_rounds": settings.max_rounds,
-                                           "max_output_tokens": TINY_OUTPUT_CAP,
-                                           "answer_candidates": settings.answer_candidates},
-                              "attempts": attempts})
-    print(f"{len(traces)} traces -> {out}")
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["trace"]:
-    # python bench/bench_async_rollout.py trace WORLD MODEL_DIR OUT [scripted|model]
-    make_traces(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),
-                policy=sys.argv[5] if len(sys.argv) > 5 else "scripted")

@@ -68,16 +68,64 @@ def test_no_package_imports_upwards():
     assert upward_imports() == []
 
 
+def _recipe_imports(path: Path):
+    """(line, module) of each import of ``mopd.recipes`` or a module under it (``from mopd import
+    recipes`` too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + ([f"mopd.{a.name}" for a in node.names] if node.module == "mopd" else [])
+        for mod in names:
+            if mod == "mopd.recipes" or mod.startswith("mopd.recipes."):
+                yield node.lineno, mod
+
+
 def recipe_users(root: Path = ROOT):
     """Imports of a recipe from outside mopd/recipes/ (the core finds recipes by discovery,
     mopd.core.recipes, and never names one)."""
     return [f"{path.relative_to(root.parent)}:{line} imports {mod}"
             for path in sorted(root.rglob("*.py")) if _package_of(path, root) != "recipes"
-            for line, mod in _imports(path) if mod == "mopd.recipes" or mod.startswith("mopd.recipes.")]
+            for line, mod in _recipe_imports(path)]
+
+
+OUTSIDE = ("tests", "bench", "scripts")
+"""Folders beside mopd/ that stand without the recipes too: the core's tests, benches and scripts;
+a recipe's own tests and benches live in tests/recipes/<name>/ and bench/recipes/<name>/."""
+
+
+def recipe_users_outside(repo: Path = ROOT.parent):
+    """Imports of a recipe in tests/, bench/ and scripts/, but their recipes/ folders."""
+    out = []
+    for top in OUTSIDE:
+        for path in sorted((repo / top).rglob("*.py")):
+            rel = path.relative_to(repo)
+            if rel.parts[1:2] != ("recipes",):
+                out += [f"{rel.as_posix()}:{line} imports {mod}" for line, mod in _recipe_imports(path)]
+    return out
 
 
 def test_nothing_outside_the_recipes_imports_one():
     assert recipe_users() == []
+
+
+def test_the_cores_tests_benches_and_scripts_import_no_recipe():
+    assert recipe_users_outside() == []
+
+
+def test_the_rule_checks_tests_benches_and_scripts_but_the_recipes_own(tmp_path):
+    for rel, text in {"tests/train/test_x.py": "from mopd.recipes.w.model import init\n",
+                      "tests/recipes/w/test_y.py": "from mopd.recipes.w.model import init\n",
+                      "bench/bench_z.py": "import os\nfrom mopd import recipes\n",
+                      "bench/recipes/w/tool.py": "import mopd.recipes.w\n",
+                      "scripts/s.py": "def f():\n    import mopd.recipes.w.world as w\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert recipe_users_outside(tmp_path) == ["tests/train/test_x.py:1 imports mopd.recipes.w.model",
+                                              "bench/bench_z.py:2 imports mopd.recipes",
+                                              "scripts/s.py:2 imports mopd.recipes.w.world"]
 
 
 def test_the_rule_catches_an_import_of_a_recipe(tmp_path):

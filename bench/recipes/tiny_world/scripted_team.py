@@ -2,14 +2,14 @@
 EM, searches and Leader subtasks per workflow, and how often the Leader delegates two or more
 subtasks (in all, and in its first output). Usage (bench/RESULTS.md, "Pair questions"):
 
-    PYTHONPATH=. python bench/scripted_team.py [--index bm25|flat] [--split train] [--attempts 2]
+    PYTHONPATH=. python bench/recipes/tiny_world/scripted_team.py [--index bm25|flat] [--split train] [--attempts 2]
         [--search-first 0.9] [--both-facts 0.6] [--seed 0] [--world DIR]
 
 With ``--answerer MODEL`` (a pi_0 directory; ``--world`` its world) it measures that model's
 Answerer alone instead: the scripted Leader and Searchers run every workflow, the model writes the
 answer at T=0.6 (the evaluation's sampling), beside the scripted Answerer on the same draws:
 
-    PYTHONPATH=. python bench/scripted_team.py --world runs/demo/world --answerer runs/demo/pi0 --split dev --attempts 4
+    PYTHONPATH=. python bench/recipes/tiny_world/scripted_team.py --world runs/demo/world --answerer runs/demo/pi0 --split dev --attempts 4
 """
 
 import argparse

@@ -259,7 +259,7 @@ class _FixedAnswerer:
 
 
 def test_answerer_only_sends_the_answerers_requests_to_the_model(world, world_tokenizer, retriever):
-    """The Answerer check (bench/scripted_team.py --answerer): the scripted Leader and Searchers act,
+    """The Answerer check (bench/recipes/tiny_world/scripted_team.py --answerer): the scripted Leader and Searchers act,
     the model writes every answer and nothing else."""
     from mopd.recipes.tiny_world.policy_check import AnswererOnly
 
