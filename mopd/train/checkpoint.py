@@ -60,7 +60,7 @@ def trained_state_dict(model) -> dict:
     """The model's state dict as a checkpoint holds it (:data:`TRAINED`): frozen parameters left out,
     a tied one too (``ignore_frozen_params`` alone keeps a tied, frozen lm head: the embedding, 0.78
     GB in bf16 for Qwen3-4B, in every LoRA checkpoint)."""
-    from mopd.train.weight_sync import engine_name
+    from mopd.train.param_names import engine_name
 
     sd = get_model_state_dict(model, options=TRAINED)
     frozen = {engine_name(n) for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}

@@ -37,15 +37,14 @@ from torch import nn
 from mopd.core.adapter_dir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_FILE, PEFT_PREFIX, AdapterDirError,
                                    read_adapter_dir)
 from mopd.core.fingerprint import model_fingerprint
-from mopd.train.model import ModelLoadError
 
 STUDENT = "default"
 """The name of the adapter being trained (PEFT's default name)."""
 
 
-class LoraError(ModelLoadError):
+class LoraError(RuntimeError):
     """An adapter cannot be added or loaded (the message names the setting or the directory): one
-    line, as every model that cannot be loaded."""
+    line (the trainer says it as a ModelLoadError, an export as a CheckpointError)."""
 
 
 def peft_config(lora, base_path: str = "", *, frozen: bool = False):
@@ -179,7 +178,7 @@ def adapter_state_dict(model: nn.Module, name: str = STUDENT) -> Dict[str, torch
     """The adapter ``name``'s full tensors on CPU under PEFT's on-disk names
     (``base_model.model.<module>.lora_A.weight``). Under FSDP2 every rank must call it: each
     sharded tensor is gathered (a collective), one at a time."""
-    from mopd.train.weight_sync import engine_name
+    from mopd.train.param_names import engine_name
 
     state = {}
     for n, p in model.named_parameters():

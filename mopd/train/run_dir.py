@@ -96,6 +96,8 @@ def retriever_record(cfg) -> dict:
 def _comparable(ident: dict) -> dict:
     """One flat dict of everything compared on resume."""
     out = {k: v for k, v in ident.get("config", {}).items() if k not in NEVER_COMPARED}
+    if not out.get("model.lora.rank"):   # LoRA off (or a run from before it existed): its settings say nothing
+        out = {k: v for k, v in out.items() if not k.startswith("model.lora.")}
     for name in ("model", "teacher", "reference"):
         fp = ident.get(name)
         if fp:

@@ -26,7 +26,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 from mopd.core.adapter_dir import AdapterDirError, is_adapter_dir
 from mopd.train import lora
-from mopd.train.model import PackedCausalLM, check_same_tokenizer, load_causal_lm, resolve_dtype, shard_model
+from mopd.train.model import (ModelLoadError, PackedCausalLM, check_same_tokenizer, load_causal_lm, resolve_dtype,
+                              shard_model)
 from mopd.train.packing import PackedBatch
 
 
@@ -104,13 +105,18 @@ def attach_adapters(cfg, model) -> None:
     of another fingerprint is refused in one line). Nothing without ``model.lora``."""
     if not cfg.model.lora.enabled:
         return
-    lora.add_adapters(model, cfg.model.lora, cfg.model.path)
+    try:
+        lora.add_adapters(model, cfg.model.lora, cfg.model.path)
+    except lora.LoraError as e:
+        raise ModelLoadError(str(e)) from None
     for path, name in view_adapters(cfg).items():
         try:
             lora.check_same_base(path, cfg.model.path, f"{name}.path")
             lora.load_frozen_adapter(model, path, name)
+        except lora.LoraError as e:
+            raise ModelLoadError(str(e)) from None
         except AdapterDirError as e:
-            raise lora.LoraError(f"{name}.path: {e}") from None
+            raise ModelLoadError(f"{name}.path: {e}") from None
 
 
 def load_frozen_models(cfg, *, student_tokenizer, device: torch.device, shard: bool = False,

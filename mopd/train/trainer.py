@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -44,6 +45,7 @@ from mopd.rollout.run_state import WorkflowSettings
 from mopd.train import checkpoint as ckpt
 from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
 from mopd.train.distributed import all_reduce, init_distributed, leave_process_group, rank_and_world
+from mopd.train.export import export_weights
 from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export
 from mopd.train.learning_signal import (ALL_INVALID, all_invalid, counts_tensor, invalid_fractions, logprob_gap_sums,
                                         no_signal_reason, role_call_counts, role_fractions, signal_token_counts)
@@ -182,7 +184,7 @@ class PolicyTrainer:
         offer = None if self.sharded else (self.model, self.tokenizer)
         rollout_cfg = self._engine_rollout_config()
         engine = build_engine(rollout_cfg, cfg.model.path, dtype=cfg.model.dtype, device=str(self.device),
-                              trainer_model=offer)
+                              trainer_model=offer, lora_rank=cfg.model.lora.rank)
         if cfg.trainer.old_logprobs == "rollout" and resolve_dtype(cfg.model.dtype, self.device) == torch.bfloat16:
             raise ConfigError(ROLLOUT_LOGPROBS_BF16 + f" (model.dtype={cfg.model.dtype} trains in bfloat16 on "
                               f"{self.device.type})")
@@ -207,7 +209,7 @@ class PolicyTrainer:
 
     def _refresh_engine(self) -> None:
         """The updated weights into the engine, streamed one parameter at a time, then its cache."""
-        refresh_engine(self.engine, self.model, resolve_dtype(self.cfg.model.dtype, self.device))
+        self.last_sync = refresh_engine(self.engine, self.model, resolve_dtype(self.cfg.model.dtype, self.device))
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
@@ -215,6 +217,7 @@ class PolicyTrainer:
                 "bad_steps": self.bad_steps, "signalless_steps": self.signalless_steps,
                 "model_path": self.cfg.model.path, "method": self.cfg.method,
                 "base_model_weights": ckpt.run_base_model_weights(self.run_dir),
+                "lora": asdict(self.cfg.model.lora) if self.cfg.model.lora.enabled else None,
                 # a step whose validation or log line was cut off: --resume does them first
                 "pending": None if self._pending is None else {k: float(v) for k, v in self._pending.items()}}
 
@@ -330,6 +333,7 @@ class PolicyTrainer:
             if getattr(records, "stats", None) is not None:  # engine busy fraction, batch rows, tokens/s
                 m.update(records.stats.as_metrics())
             m["lr"] = self.scheduler.get_last_lr()[0]
+            m.update(self.last_sync.as_metrics())   # what the weight sync moved into the engine, and how fast
             if judge is not None:
                 m["critic/unparsable"] = self.unparsable_verdicts
             m.update(self._check_signal(signal, m))
@@ -663,18 +667,19 @@ class PolicyTrainer:
         return tqdm(total=target, initial=self.step, desc=f"train {self.cfg.method}", unit="step",
                     dynamic_ncols=True)
 
-    def export(self, out_dir, which: str = "last") -> Path:
+    def export(self, out_dir, which: str = "last", adapter: bool = False) -> Path:
         """A Hugging Face model directory (how Stage I becomes the teacher) of the current weights
         ("last") or of the best-validation checkpoint ("best", the paper's model selection; the
         current weights when no validation marked one). "best" loads those weights into the model:
-        call it when training is over."""
+        call it when training is over. A LoRA run writes its adapter merged into the base, or the
+        adapter alone with ``adapter`` (:mod:`mopd.train.export`)."""
         if which not in ("last", "best"):
             raise ValueError(f"export {which!r}: choose last or best")
         try:
             if self.rank == 0:   # before the check: the target may be what an interrupted export left
                 for line in repair_export(out_dir):
                     self._say(line)
-            ckpt._barrier()
+            ckpt.barrier()
             check_export_target(out_dir, self.run_dir, flag="--export")
         except ExportTargetError as e:
             raise TrainingError(str(e)) from None
@@ -686,7 +691,12 @@ class PolicyTrainer:
         if best is not None and best["step"] != self.step:
             step, source = best["step"], str(ckpt.best_checkpoint(self.run_dir).resolve())
             ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), self.model)
-        return ckpt.export_hf(self.model, self.tokenizer, out_dir, marker(self.run_dir, source, step))
+        lora = self.cfg.model.lora if self.cfg.model.lora.enabled else None
+        try:
+            return export_weights(self.model, self.tokenizer, out_dir, marker(self.run_dir, source, step), lora=lora,
+                                  base_path=self.cfg.model.path, adapter=adapter)
+        except ckpt.CheckpointError as e:
+            raise TrainingError(str(e)) from None
 
     def _say(self, line: str) -> None:
         """One line on the terminal (stderr, rank 0), beside the event the logs keep."""

@@ -45,10 +45,7 @@ from torch import nn
 
 from mopd.rollout.engine import capabilities_of
 from mopd.train import lora
-
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-"""Module names that wrappers (activation checkpointing, torch.compile, FSDP1) insert into
-parameter names; the engine knows the plain Hugging Face names."""
+from mopd.train.param_names import engine_name
 
 SLEEP_LEVEL = 2
 """Level 2 frees the engine's weights too (level 1 would copy them to host memory, 8 GB per rank
@@ -69,13 +66,6 @@ class SyncStats:
     def as_metrics(self) -> dict:
         return {"perf/sync_mbytes": self.bytes / 2 ** 20, "perf/sync_s": self.seconds,
                 "perf/sync_adapter_only": float(self.adapter)}
-
-
-def engine_name(name: str) -> str:
-    """The Hugging Face parameter name with every wrapper's component removed."""
-    for prefix in WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
 
 
 def stream_parameters(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:

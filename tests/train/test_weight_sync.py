@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from mopd.rollout.engine import EngineCapabilities
-from mopd.train.weight_sync import SLEEP_LEVEL, engine_name, refresh_engine, release_engine, stream_parameters
+from mopd.train.param_names import engine_name
+from mopd.train.weight_sync import SLEEP_LEVEL, refresh_engine, release_engine, stream_parameters
 
 
 class TiedLM(nn.Module):
