@@ -91,6 +91,15 @@ class ModelShape:
         head = 0 if self.tied else self.embed_params
         return self.embed_params + head + self.layers * self.layer_params + self.hidden
 
+    def lora_params(self, rank: int, targets) -> int:
+        """Parameters of rank-``rank`` LoRA adapters (A: r x in, B: out x r) on the projections named
+        ``targets`` of every layer (``all-linear``: all seven); names this shape does not know add none."""
+        q, kv, h, f = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        io = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, f),
+              "up_proj": (h, f), "down_proj": (f, h)}
+        names = io if tuple(targets) == ("all-linear",) else [t for t in targets if t in io]
+        return self.layers * sum(rank * sum(io[t]) for t in names)
+
     @property
     def kv_bytes_per_token(self) -> int:
         """bf16 keys and values of every layer for one token (vLLM's KV cache)."""
@@ -139,6 +148,8 @@ class MemoryPlan:
     training: list[Item] = field(default_factory=list)
     rollout: list[Item] = field(default_factory=list)
     teacher_placement: str = "none"
+    lora_views: int = 0
+    """LoRA runs: frozen models that are views of the policy's base (no copy)."""
     retriever_gib: float = 0.0
     kv_tokens: int = 0
     max_model_len: int = 0
@@ -201,6 +212,16 @@ def _frozen_models(cfg) -> list[str]:
     return paths
 
 
+def _adapter_frozen(cfg) -> list[str]:
+    """LoRA runs: the frozen models that are views of the policy's base, not copies (``mopd.train.
+    teacher``): the base itself, an adapter directory, or a teacher not yet named (the LoRA
+    pipeline's Stage II takes the Stage-I adapter). What a plan cannot tell from a path (a Hub id
+    that is not the base) is counted as a copy."""
+    from mopd.core.adapter_dir import is_adapter_dir
+
+    return [p for p in _frozen_models(cfg) if p == cfg.model.path or not p or is_adapter_dir(p)]
+
+
 def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config: dict | None = None,
                 frozen_configs: list[dict] | None = None, retriever_gib: float = 0.0) -> MemoryPlan:
     """The per-GPU plan of ``cfg`` on ``world`` GPUs of ``gpu_gib`` each (see the module docstring).
@@ -218,18 +239,35 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
         raise PlanError(f"world={world} and gpu_gib={gpu_gib} must be positive, retriever_gib={retriever_gib} "
                         "not negative")
     shape = ModelShape.from_config(model_config or load_model_config(cfg.model.path))
+    lora = cfg.model.lora if cfg.model.lora.enabled else None
+    views = _adapter_frozen(cfg) if lora else []
+    copies = [p for p in _frozen_models(cfg) if p not in views]
     if frozen_configs is None:
-        frozen_configs = [load_model_config(p) if p != cfg.model.path else None for p in _frozen_models(cfg)]
+        frozen_configs = [load_model_config(p) if p != cfg.model.path else None for p in copies]
+    elif lora:   # given for every frozen model: the views' configs are not copies
+        frozen_configs = [c for p, c in zip(_frozen_models(cfg), frozen_configs) if p not in views]
     frozen = [ModelShape.from_config(c) if c else shape for c in frozen_configs]
-    plan = MemoryPlan(gpu_gib=gpu_gib, world=world, shape=shape)
+    plan = MemoryPlan(gpu_gib=gpu_gib, world=world, shape=shape, lora_views=len(views))
     P, W = shape.params, world
     tokens = cfg.trainer.micro_batch_tokens
     ckpt = cfg.model.activation_checkpointing is not False           # None means on, on GPUs
     plan.max_model_len = cfg.rollout.max_input_tokens + cfg.rollout.max_output_tokens
 
-    # trainer state that survives the whole step (fp32 master shard and AdamW's two moments)
-    master = Item("fp32 master weights (shard)", 4 * P / W / GIB, f"4 B x {P / 1e9:.2f}B / {W}")
-    adam = Item("AdamW moments, fp32 (shard)", 8 * P / W / GIB, "2 x 4 B per parameter / world")
+    # trainer state that survives the whole step: fp32 master shard and AdamW's two moments; with
+    # LoRA the frozen bf16 base (once) and the fp32 adapters with their moments
+    if lora:
+        A = shape.lora_params(lora.rank, lora.target_modules)
+        adapters = 4 * A * (1 + sum(1 for p in views if p != cfg.model.path))   # the student's + each adapter view
+        state = [Item("frozen base, bf16 (shard)", 2 * P / W / GIB, f"2 B x {P / 1e9:.2f}B / {W}, held once"),
+                 Item("LoRA adapters, fp32 (shard)", adapters / W / GIB,
+                      f"rank {lora.rank}: {A / 1e6:.1f}M parameters" + (f"; + {len(views)} frozen view(s)"
+                                                                        if views else "")),
+                 Item("adapters' AdamW moments, fp32 (shard)", 8 * A / W / GIB, "2 x 4 B per adapter parameter")]
+        trained = A
+    else:
+        state = [Item("fp32 master weights (shard)", 4 * P / W / GIB, f"4 B x {P / 1e9:.2f}B / {W}"),
+                 Item("AdamW moments, fp32 (shard)", 8 * P / W / GIB, "2 x 4 B per parameter / world")]
+        trained = P
     context = Item("CUDA context, NCCL, fragmentation", CUDA_CONTEXT_GIB, "allowance")
     served = [Item("GPU retriever (index + faiss scratch)", retriever_gib, "another process, whole run")] \
         if retriever_gib else []
@@ -251,7 +289,7 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     tp = max(1, cfg.rollout.tensor_parallel_size)
 
     def resident_of(teacher: Item | None) -> list[Item]:
-        return [master, adam] + ([teacher] if teacher else []) + [context] + served
+        return state + ([teacher] if teacher else []) + [context] + served
 
     def share_of(teacher: Item | None) -> float:
         if set_share is not None:
@@ -261,20 +299,22 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     def phases(teacher: Item | None, share: float):
         resident = resident_of(teacher)
         gathered = 2 * shape.embed_params + 2 * 2 * shape.layer_params        # root + two layers, bf16
-        backward = 2 * (2 + 4) * shape.layer_params                           # bf16 grads + fp32 reduce, two layers
+        backward = 2 * (2 + 4) * shape.layer_params * trained // P            # bf16 grads + fp32 reduce, two layers
         act_saved = shape.layers * tokens * shape.hidden * 2 if ckpt else \
             shape.layers * tokens * shape.activation_bytes_per_token_layer
         act_live = tokens * shape.activation_bytes_per_token_layer if ckpt else 0
         loss_head = tokens * shape.hidden * (2 + 4) + GIB                     # hidden + its fp32 grad, <1 GiB chunks
         loss_inputs = tokens * 4 * 6                                          # fp32 per-token signals of a micro-batch
         training = resident + [
-            Item("fp32 gradient shard", 4 * P / W / GIB, "reduce-scattered, fp32"),
+            Item("fp32 gradient shard", 4 * trained / W / GIB,
+                 "reduce-scattered, fp32" + (" (adapters only)" if lora else "")),
             Item("gathered bf16 params (FSDP2)", gathered / GIB, "root (embedding, norm) + two layers in flight"),
             Item("layer grads + reduce buffers", backward / GIB, "bf16 grads and fp32 reduce-scatter, two layers"),
             Item("activations" + (" (checkpointed)" if ckpt else ""), (act_saved + act_live) / GIB,
                  f"{tokens} tokens: " + ("layer inputs + one layer recomputed" if ckpt else "every layer's tensors")),
             Item("fused loss head + loss inputs", (loss_head + loss_inputs) / GIB, "no [T, V] logits"),
-            Item("vLLM asleep (level 2)", VLLM_ASLEEP_GIB, "allowance"),
+            Item("vLLM asleep (level 1)" if lora else "vLLM asleep (level 2)", VLLM_ASLEEP_GIB,
+                 "allowance" + ("; its base weights wait in host memory (LoRA: never re-sent)" if lora else "")),
         ]
         rollout = resident + [Item("vLLM share (weights + KV + runtime)", share * gpu_gib,
                                    f"gpu_memory_utilization {share:g}" + (" (chosen by the plan)"
@@ -282,7 +322,7 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
         return training, rollout
 
     options = [(teacher_items[0], "replicated in bf16 on every GPU"), (teacher_items[1], "FSDP2-sharded")] \
-        if frozen else [(None, "none")]
+        if frozen else [(None, "a view of the policy's base (LoRA adapter, no copy)" if views else "none")]
     for n, (teacher, name) in enumerate(options):
         share = share_of(teacher)
         training, rollout = phases(teacher, share)

@@ -197,3 +197,41 @@ def test_the_trainer_takes_its_share_from_the_plan_of_its_gpu(monkeypatch, capsy
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 10 * GIB)
     with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization: no room for vLLM on this GPU.*KV cache"):
         PolicyTrainer._engine_rollout_config(fake)
+
+
+def test_lora_stage2_on_qwen3_4b_fits_one_80gb_gpu_where_full_fine_tuning_does_not(capsys, tmp_path):
+    """The issue's command: one base held once in bf16, adapters and their moments in fp32, the
+    teacher (the Stage-I adapter) and the reference as views of the base."""
+    from mopd.cli import main
+
+    args = ["plan", "--gpus", "1", "--gpu-gib", "80", "--retriever-gib", "6", "mopd",
+            "model.path=Qwen/Qwen3-4B-Instruct-2507"]
+    assert main(args) == 2
+    assert "AdamW moments, fp32 (shard)" in capsys.readouterr().out
+    assert main(args + ["model.lora.rank=16"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("FITS")
+    names = [line.split("  ")[0].strip() for line in out.splitlines() if line.startswith("    ")]
+    assert names.count("frozen base, bf16 (shard)") == 2   # once per phase, never a second copy
+    assert "LoRA adapters, fp32 (shard)" in names and "adapters' AdamW moments, fp32 (shard)" in names
+    assert not any("teacher/reference" in n or "master" in n for n in names)
+    assert "teacher a view of the policy's base" in out
+
+
+def test_lora_parameters_and_state_are_counted_from_the_shape():
+    shape = ModelShape.from_config(load_model_config("Qwen/Qwen3-4B-Instruct-2507"))
+    per_layer = 16 * ((2560 + 4096) * 2 + (2560 + 1024) * 2 + (2560 + 9728) * 3)
+    assert shape.lora_params(16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) \
+        == 36 * per_layer == shape.lora_params(16, ("all-linear",))
+    assert shape.lora_params(8, ("q_proj", "v_proj")) == 36 * 8 * ((2560 + 4096) + (2560 + 1024))
+    cfg = resolve("mopd", ["model.path=Qwen/Qwen3-4B-Instruct-2507", "model.lora.rank=16"])
+    plan = plan_memory(cfg, gpu_gib=80, world=4)
+    items = {i.name: i.gib for i in plan.training}
+    assert items["frozen base, bf16 (shard)"] == pytest.approx(2 * shape.params / 4 / GIB)
+    assert items["adapters' AdamW moments, fp32 (shard)"] == pytest.approx(8 * 36 * per_layer / 4 / GIB)
+    assert items["fp32 gradient shard"] == pytest.approx(4 * 36 * per_layer / 4 / GIB)
+    # a teacher given as a full model of another directory is a copy, as without LoRA
+    full_teacher = resolve("mopd", ["model.path=Qwen/Qwen3-4B-Instruct-2507", "model.lora.rank=16",
+                                    "teacher.path=Qwen/Qwen3-4B-Instruct-2507-other"])
+    plan = plan_memory(full_teacher, gpu_gib=80, world=1, frozen_configs=[load_model_config("Qwen/Qwen3-4B-Instruct-2507")])
+    assert any(i.name.startswith("teacher/reference") for i in plan.training)
