@@ -211,7 +211,7 @@ def test_lora_stage2_on_qwen3_4b_fits_one_80gb_gpu_where_full_fine_tuning_does_n
     assert main(args + ["model.lora.rank=16"]) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith("FITS")
-    names = [line.split("  ")[0].strip() for line in out.splitlines() if line.startswith("    ")]
+    names = [line.strip().split("  ")[0] for line in out.splitlines() if line.startswith("    ")]
     assert names.count("frozen base, bf16 (shard)") == 2   # once per phase, never a second copy
     assert "LoRA adapters, fp32 (shard)" in names and "adapters' AdamW moments, fp32 (shard)" in names
     assert not any("teacher/reference" in n or "master" in n for n in names)
