@@ -102,10 +102,8 @@ def chunk_rows_for(n_rows: int, V: int, bytes_per_logit: int, device: torch.devi
 class ChunkSoftmax(NamedTuple):
     """The softmax of one logits chunk as ``TorchRowPass`` computes it (fp32; [C, V] or [C])."""
 
-    L: torch.Tensor       # [C, V] s - m (the chunk itself for fp32 inputs, else a work buffer)
-    m: torch.Tensor       # row max of s
-    d: torch.Tensor       # sum exp(s - m)
-    log_d: torch.Tensor
+    L: torch.Tensor       # [C, V] log p (the chunk itself for fp32 inputs, else a work buffer)
+    lse: torch.Tensor     # log sum exp s per row
     logp: torch.Tensor    # log-prob of the target, 0 where the target is outside [0, V)
     entropy: torch.Tensor
     valid: torch.Tensor   # target inside [0, V)
@@ -116,17 +114,28 @@ EXP_TILE_ROWS = 64
 """Rows of the row pass's ``exp`` tiles: the only work buffer besides the chunk's fp32 logits."""
 
 
+def log_softmax_in_place(L: torch.Tensor) -> torch.Tensor:
+    """``L <- log_softmax(L)`` over rows, in place: ATen's fused row kernel (per block of rows that
+    stays in cache: the max, the sum of ``exp(s - max)``, then ``s - lse`` written back), so the chunk
+    is read from memory once and written once, with no ``[C, V]`` temporary."""
+    try:
+        return torch.log_softmax(L, dim=1, out=L)
+    except RuntimeError:  # a torch that refuses the aliased out=: one temporary, same values
+        return L.copy_(torch.log_softmax(L, dim=1))
+
+
 class TorchRowPass:
     """Softmax statistics and logits gradients of a logits chunk with torch ops, in place.
 
     Memory: the chunk's logits in fp32 are the one ``[C, V]`` array (the chunk itself for fp32
-    inputs, one fp32 copy for 16-bit inputs); ``exp(s - m)`` is never held for the whole chunk but
-    made ``EXP_TILE_ROWS`` rows at a time (one ``[EXP_TILE_ROWS, V]`` buffer) wherever it is needed
-    beside ``s - m`` -- for ``sum e (s - m)`` (the entropy) and for the entropy term of the
-    gradient -- and made in place where it replaces it (the gradient without an entropy term).
-    That costs a second ``exp`` over the chunk when a gradient is written, and halves the chunk's
-    working set (4 bytes per logit for fp32, not 8), so a memory budget takes twice the rows.
-    Buffers are allocated once per call and reused for every chunk.
+    inputs, one fp32 copy for 16-bit inputs). ATen's fused ``log_softmax`` overwrites it with
+    ``log p`` in place (one read and one write of the chunk: the row's max and sum of exponentials
+    are taken while the row is in cache); the target's log-prob is a gather from it and the row's
+    ``lse = s_y - log p_y`` (the target's logit gathered first). ``p = exp(log p)`` is never held for
+    the whole chunk but made ``EXP_TILE_ROWS`` rows at a time (one ``[EXP_TILE_ROWS, V]`` buffer)
+    wherever it is needed beside ``log p`` -- for the entropy ``-sum p log p`` and for the entropy
+    term of the gradient -- and in place where it replaces it (the gradient without an entropy
+    term). Buffers are allocated once per call and reused for every chunk.
     """
 
     name = "torch"
@@ -167,22 +176,20 @@ class TorchRowPass:
     def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t: float,
                  with_entropy: bool = True) -> "ChunkSoftmax":
         L = self._shifted(z, inv_t)
-        m = L.amax(dim=1)
-        L.sub_(m.unsqueeze(1))  # L = s - m
-        d = torch.empty_like(m)
-        s = torch.empty_like(m)  # sum e (s - m)
-        for rows, Lt, Et in self._tiles(L):
-            d[rows] = Et.sum(dim=1)
-            if with_entropy:
-                s[rows] = torch.bmm(Et.unsqueeze(1), Lt.unsqueeze(2)).view(-1)  # no [rows, V] temporary
-        log_d = torch.log(d)
-        entropy = log_d - s / d if with_entropy else None
         V = z.shape[1]
         valid = (targets >= 0) & (targets < V)
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
-        picked = L.gather(1, safe).squeeze(1) - log_d
+        s_safe = L.gather(1, safe).squeeze(1)
+        log_softmax_in_place(L)  # L = log p
+        picked = L.gather(1, safe).squeeze(1)
+        lse = s_safe - picked
         logp = torch.where(valid, picked, torch.zeros_like(picked))
-        return ChunkSoftmax(L, m, d, log_d, logp, entropy, valid, safe)
+        entropy = None
+        if with_entropy:
+            entropy = torch.empty_like(lse)
+            for rows, Lt, Et in self._tiles(L):  # -sum p log p, no [rows, V] temporary
+                entropy[rows] = torch.bmm(Et.unsqueeze(1), Lt.unsqueeze(2)).view(-1).neg_()
+        return ChunkSoftmax(L, lse, logp, entropy, valid, safe)
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
         """Log-prob, entropy (skipped when ``out_entropy`` is None) and lse of each row of the chunk."""
@@ -190,7 +197,7 @@ class TorchRowPass:
         out_logp.copy_(sm.logp)
         if out_entropy is not None:
             out_entropy.copy_(sm.entropy)
-        out_lse.copy_(sm.m + sm.log_d)
+        out_lse.copy_(sm.lse)
 
     def _finish(self, z, G, g_logp, valid, safe):
         """Add ``g_logp`` at the target of the fp32 gradient ``G`` and hand it back in the matmul dtype."""
@@ -217,13 +224,13 @@ class TorchRowPass:
         if not write_grad:
             return None
         t = token_terms(sm.logp, sm.entropy, inputs, settings)
-        return self._grad_from_shifted(z, sm, t["g_logp"], t["g_entropy"], settings.has_entropy_term)
+        return self._grad_from_log_p(z, sm, t["g_logp"], t["g_entropy"], settings.has_entropy_term)
 
-    def _grad_from_shifted(self, z, sm: "ChunkSoftmax", g_logp, g_entropy, has_entropy_term: bool):
-        # dlogits_j = e_j / d * (a + b (s_j - m)),  a = -g_logp - g_H (H - log d),  b = -g_H
-        a = (-g_logp - g_entropy * (sm.entropy - sm.log_d)) / sm.d
-        b = -g_entropy / sm.d if has_entropy_term else None
-        G = self._exp_times(sm.L, a, b)
+    def _grad_from_log_p(self, z, sm: "ChunkSoftmax", g_logp, g_entropy, has_entropy_term: bool):
+        # dlogits_j = p_j (a + b log p_j) + g_logp [j == y],  a = -g_logp - g_H H,  b = -g_H
+        g_logp = torch.where(sm.valid, g_logp, torch.zeros_like(g_logp))  # logp is the constant 0 there
+        a = -g_logp - g_entropy * sm.entropy
+        G = self._exp_times(sm.L, a, -g_entropy if has_entropy_term else None)
         return self._finish(z, G, g_logp, sm.valid, sm.safe)
 
     def logprobs_grad(self, z, targets, inv_t, lse, entropy, g_logp, g_entropy):
