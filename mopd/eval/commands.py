@@ -25,7 +25,8 @@ def register(sub) -> None:
                     "(and the same settings, model, retriever and engine). The retriever must be named: "
                     "retriever.index=DIR, retriever.kind=http retriever.url=URL, or retriever.index=bundled for "
                     "the bundled toy corpus. On a GPU the engine is vLLM unless rollout.engine is set.")
-    run.add_argument("--model", required=True, help="model directory (Hugging Face format)")
+    run.add_argument("--model", required=True, help="model directory (Hugging Face format), or a LoRA adapter "
+                     "directory (PEFT format, `mopd export --adapter`) evaluated over the base it names")
     run.add_argument("--workflow", required=True, choices=list(workflow_names()), help="cascade or hierarchy")
     run.add_argument("--manifest", required=True, help="test questions (FlashRAG .jsonl or Search-R1 .parquet)")
     run.add_argument("--attempts", type=int, default=None,
@@ -70,7 +71,6 @@ def _run(args) -> int:
 
     from mopd.config import resolve
     from mopd.core.errors import UserError
-    from mopd.core.fingerprint import model_fingerprint
     from mopd.core.qa import DataError, load_questions
     from mopd.eval.alignment import EvalError
     from mopd.eval.ranks import check_rank_continuation, join_ranks, run_ranked_evaluation
@@ -106,12 +106,19 @@ def _run(args) -> int:
         raise UserError(f"--out {args.out} {out_dir_problem(args.out)}")
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: no such model directory")
+    from mopd.core.adapter_dir import AdapterDirError
     from mopd.core.model_dir import model_dir_problem
+    from mopd.rollout.engines import adapter_of
 
-    problem = model_dir_problem(args.model)
+    try:   # an adapter directory (mopd export --adapter): evaluated over the base it names, checked
+        adapter = adapter_of(args.model)
+    except AdapterDirError as e:
+        raise UserError(f"--model {e}") from None
+    base = adapter.base_path if adapter is not None else args.model   # weights, tokenizer, template, context
+    problem = model_dir_problem(base)
     if problem:
-        raise UserError(f"--model {args.model}: {problem}" if problem.startswith("this is") else
-                        f"--model {args.model} {problem}")
+        what = f"--model {args.model}'s base {base}" if adapter is not None else f"--model {args.model}"
+        raise UserError(f"{what}: {problem}" if problem.startswith("this is") else f"{what} {problem}")
     retriever_id = _retriever_identity(cfg)
     try:
         from mopd.rollout.async_scheduler import run_rollout as run_workflows
@@ -126,20 +133,20 @@ def _run(args) -> int:
     from mopd.rollout.context import fit_context
 
     # Before any engine starts: a template that cannot be continued, or limits past the context.
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=remote_code_trusted())
+    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=remote_code_trusted())
     from mopd.core.model_weights import weights_problem
 
-    problem = weights_problem(args.model, tokenizer_len=len(tokenizer))   # truncated, another size, tokenizer
+    problem = weights_problem(base, tokenizer_len=len(tokenizer))   # truncated, another size, tokenizer
     if problem:
         raise UserError(f"--model {problem}")
-    check_chat_template(tokenizer, cfg.model.chat_template_kwargs, name=args.model)
-    cfg = fit_context(cfg, args.model)
+    check_chat_template(tokenizer, cfg.model.chat_template_kwargs, name=base)
+    cfg = fit_context(cfg, base)
     method = args.method or Path(args.model).resolve().name
     try:   # a continued evaluation with other settings (model, retriever, engine, ...) is refused now
         plan = EvalPlan(args.out, evaluation_settings(cfg, args), attempts=attempts,
                         method=method, chunk_questions=args.chunk, keep_token_ids=args.keep_token_ids,
                         run_info={"model": str(Path(args.model).resolve()), "manifest": args.manifest},
-                        model=model_fingerprint(args.model), retriever=retriever_id, engine=cfg.rollout.engine,
+                        model=evaluated_model(args.model, adapter), retriever=retriever_id, engine=cfg.rollout.engine,
                         manifest=manifest)
         check_rank_continuation(ranks, plan)
     except EvalError as e:
@@ -175,6 +182,19 @@ def _run(args) -> int:
     print(format_validity_line(iter_records(path)))
     print(f"records: {path}")
     return 0
+
+
+def evaluated_model(path: str, adapter) -> dict:
+    """The fingerprint a continued evaluation must match: the model directory's; for an adapter
+    (``adapter``: its :class:`mopd.core.adapter_dir.AdapterDir`), the adapter's weights, the base's
+    weights and the base's chat template (the one the prompts are rendered with)."""
+    from mopd.core.fingerprint import model_fingerprint
+
+    own = model_fingerprint(path)
+    if adapter is None:
+        return own
+    base = model_fingerprint(adapter.base_path)
+    return {**own, "chat_template": base["chat_template"], "base_weights": base["weights"]}
 
 
 def set_by_user(args, key: str) -> bool:

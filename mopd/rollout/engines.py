@@ -7,6 +7,11 @@ and :func:`build_engine` builds the one a config names.
   vLLM's CPU build). It always loads its own copy; with LoRA it loads the trainer's adapter
   (``load_adapter``) over its base weights instead of the full weights.
 
+An adapter directory (PEFT's format, ``mopd export --adapter``) is a model too, for evaluation:
+:func:`adapter_of` reads it and checks its base (by the fingerprint of the base's weights); the HF
+engine merges it into the base it names, the vLLM engine starts on that base with room for the
+adapter's rank and loads it.
+
 Adding an engine: a class with the :class:`~mopd.rollout.engine.Engine` protocol (its
 ``capabilities`` say what the schedulers and the trainer may ask of it), and a builder registered
 with ``@register_engine("name")`` (:mod:`mopd.config.registries`), here or in a module imported
@@ -20,6 +25,7 @@ import inspect
 from typing import Optional, Tuple
 
 from mopd.config import ENGINES, ConfigError, register_engine
+from mopd.core.adapter_dir import AdapterDir, AdapterDirError, is_adapter_dir, read_adapter_dir
 
 
 def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
@@ -30,6 +36,31 @@ def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
     return eval_cfg.engine_dtype(cuda=torch.cuda.is_available())
 
 
+def adapter_of(model_path: str) -> Optional[AdapterDir]:
+    """The adapter in ``model_path`` when it is an adapter directory (None for a full model), after
+    checking the base it names: a local model directory whose weights are those the adapter was
+    trained over (compared by fingerprint, as a resume does; an adapter PEFT wrote alone carries none
+    and is taken at its word). One line (AdapterDirError) otherwise."""
+    if not is_adapter_dir(model_path):
+        return None
+    from pathlib import Path
+
+    from mopd.core.fingerprint import model_fingerprint
+
+    adapter = read_adapter_dir(model_path)
+    base = Path(adapter.base_path).expanduser()
+    if not (base / "config.json").is_file():
+        raise AdapterDirError(f"{model_path} is an adapter over {adapter.base_path}, which is not a model directory "
+                              "here: put the base model there (or edit mopd_base.json), or evaluate a merged export "
+                              "(`mopd export RUN` without --adapter)")
+    have = model_fingerprint(base)["weights"]
+    if adapter.base_weights and have and have != adapter.base_weights:
+        raise AdapterDirError(f"{model_path} is an adapter over another base model (weights "
+                              f"{adapter.base_weights[:12]}; {adapter.base_path} has {have[:12]}): give it the base "
+                              "it was trained on, or evaluate a merged export")
+    return adapter
+
+
 def build_engine(rollout_cfg, model_path: str, *, dtype: str = "auto", device: Optional[str] = None,
                  trainer_model: Optional[Tuple[object, object]] = None, lora_rank: int = 0):
     """The engine named by ``rollout_cfg.engine`` for the model at ``model_path``.
@@ -37,8 +68,9 @@ def build_engine(rollout_cfg, model_path: str, *, dtype: str = "auto", device: O
     ``trainer_model``: ``(module, tokenizer)`` of a one-process trainer, offered to an engine that
     can sample from it (``capabilities.shares_trainer_model``); an engine that cannot loads
     ``model_path`` instead. ``device``: where an engine that places its own copy puts it.
-    ``lora_rank``: the rank of the trainer's LoRA adapters (``model.lora.rank``; 0: none). Only when
-    it is positive is it passed on, as the builder's ``lora_rank`` keyword, so a builder without
+    ``model_path`` may be an adapter directory (:func:`adapter_of`); an engine then generates with
+    the adapter over its base. ``lora_rank``: the rank of the trainer's LoRA adapters
+    (``model.lora.rank``; 0: none). Only when it is positive is it passed on, as the builder's ``lora_rank`` keyword, so a builder without
     that keyword keeps working for full fine-tuning; with LoRA such a builder is refused.
     """
     build = ENGINES.lookup(rollout_cfg.engine)
@@ -62,7 +94,8 @@ def build_hf(rollout_cfg, model_path: str, *, dtype: str, device: Optional[str],
     """transformers' generate, on the trainer's own module when it offers one.
 
     ``lora_rank`` is not needed here: the trainer's own module already carries its adapters (PEFT
-    injects them into it), and an engine-owned copy is a plain model that ``load_weights`` refreshes."""
+    injects them into it), and an engine-owned copy is a plain model that ``load_weights`` refreshes.
+    An adapter directory as ``model_path`` is merged into its base (``HFEngine.from_pretrained``)."""
     from mopd.rollout.hf_engine import HFEngine
 
     if trainer_model is not None:
@@ -75,13 +108,20 @@ def build_hf(rollout_cfg, model_path: str, *, dtype: str, device: Optional[str],
 def build_vllm(rollout_cfg, model_path: str, *, dtype: str, device: Optional[str], trainer_model,
                lora_rank: int = 0):
     """Colocated vLLM with its own copy of the weights (and, with ``lora_rank`` > 0, room for one
-    LoRA adapter of that rank, loaded with ``load_adapter``)."""
+    LoRA adapter of that rank, loaded with ``load_adapter``). An adapter directory as ``model_path``:
+    vLLM starts on its base with room for the adapter's rank and loads it (vLLM's LoRA, unmerged)."""
     from mopd.rollout.vllm_engine import VLLMEngine
 
+    adapter = adapter_of(model_path)
+    if adapter is not None:
+        model_path, lora_rank = adapter.base_path, max(lora_rank, adapter.rank)
     # The longest sequence one call can reach: vLLM would otherwise size its KV cache and
     # its checks for the model's full context (256K tokens for Qwen3-4B-Instruct-2507).
-    return VLLMEngine(model_path, gpu_memory_utilization=rollout_cfg.vllm_memory_share(),
-                      tensor_parallel_size=rollout_cfg.tensor_parallel_size, dtype=dtype,
-                      seed=rollout_cfg.seed,
-                      max_model_len=rollout_cfg.max_input_tokens + rollout_cfg.max_output_tokens,
-                      lora_rank=lora_rank)
+    engine = VLLMEngine(model_path, gpu_memory_utilization=rollout_cfg.vllm_memory_share(),
+                        tensor_parallel_size=rollout_cfg.tensor_parallel_size, dtype=dtype,
+                        seed=rollout_cfg.seed,
+                        max_model_len=rollout_cfg.max_input_tokens + rollout_cfg.max_output_tokens,
+                        lora_rank=lora_rank)
+    if adapter is not None:
+        engine.load_adapter(adapter.path)
+    return engine

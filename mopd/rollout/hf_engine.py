@@ -39,7 +39,8 @@ class HFEngine:
 
     Pass an existing ``nn.Module`` and tokenizer to share the trainer's model object (then
     ``load_weights`` finds the same tensors and copies nothing, and ``sleep``/``wake`` leave the
-    model where the trainer keeps it), or use :meth:`from_pretrained` for an engine-owned copy.
+    model where the trainer keeps it), or use :meth:`from_pretrained` for an engine-owned copy (of a
+    model directory, or of an adapter directory merged into the base it names).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 256, owns_model: bool = False,
@@ -69,9 +70,17 @@ class HFEngine:
         else:
             torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                            "float16": torch.float16}[dtype]
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code_trusted())
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
-                                                     trust_remote_code=remote_code_trusted()).to(device)
+        from mopd.rollout.engines import adapter_of
+
+        adapter = adapter_of(path)
+        base = adapter.base_path if adapter is not None else path
+        tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=remote_code_trusted())
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype, trust_remote_code=remote_code_trusted())
+        if adapter is not None:   # W + alpha/r * B A in the weights: a plain model, sampled at plain speed
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter.path).merge_and_unload()
+        model = model.to(device)
         model.eval()
         return cls(model, tokenizer, max_batch_rows=max_batch_rows, owns_model=True,
                    prefix_cache_mb=prefix_cache_mb)
