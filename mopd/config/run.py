@@ -171,24 +171,28 @@ def to_dict(cfg: Config) -> dict:
 
 
 def identity_dict(cfg: Config) -> dict:
-    """:func:`to_dict` less the sections that are off and say nothing about what a run trains: the
-    ``model.lora`` settings when LoRA is off (``model.lora.rank=0``). What a run's identity and a
-    stage's fingerprint are made of, so that runs and pipelines recorded before such a section
-    existed still match."""
-    d = to_dict(cfg)
-    if not cfg.model.lora.enabled:
-        d["model"].pop("lora")
-    return d
+    """:func:`to_dict` less the settings that are off or at the value they had before they were
+    settings, which say nothing new about what a run trains: the ``model.lora`` settings when LoRA
+    is off (``model.lora.rank=0``), ``reward.kl_type`` at k1 (the KL in the reward was k1 before it
+    could be chosen). What a run's identity and a stage's fingerprint are made of, so that runs and
+    pipelines recorded before such a setting existed still match."""
+    return _leave_out_unchanged(to_dict(cfg), cfg)
 
 
 def identity_yaml(cfg: Config) -> str:
     """:func:`to_yaml` less what :func:`identity_dict` leaves out."""
     from omegaconf import OmegaConf
 
-    d = OmegaConf.to_container(OmegaConf.structured(cfg))
+    d = _leave_out_unchanged(OmegaConf.to_container(OmegaConf.structured(cfg)), cfg)
+    return OmegaConf.to_yaml(OmegaConf.create(d))
+
+
+def _leave_out_unchanged(d: dict, cfg: Config) -> dict:
     if not cfg.model.lora.enabled:
         d["model"].pop("lora")
-    return OmegaConf.to_yaml(OmegaConf.create(d))
+    if cfg.reward.kl_type == "k1":
+        d["reward"].pop("kl_type")
+    return d
 
 
 def describe(cfg: Config) -> str:

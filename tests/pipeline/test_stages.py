@@ -3,7 +3,7 @@ fingerprint), the Stage II teacher rule, and the markers that say a stage is don
 
 from pathlib import Path
 
-from mopd.config import resolve, to_yaml
+from mopd.config import identity_yaml, resolve, to_yaml
 from mopd.pipeline.presets import resolve_pipeline
 from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, TrainStage, plan
 
@@ -112,6 +112,16 @@ def test_tracing_settings_leave_a_stage_fingerprint_alone():
     base = resolve("tiny_mopd")
     other = resolve("tiny_mopd", ["trainer.trace_every=1", "trainer.trace_workflows=9"])
     assert stage_fingerprint(base) == stage_fingerprint(other)
-    text = "".join(x for x in to_yaml(base).splitlines(keepends=True) if "trace_" not in x)
+    text = "".join(x for x in identity_yaml(base).splitlines(keepends=True) if "trace_" not in x)
     assert stage_fingerprint(base) == f"20 {hashlib.sha256(text.encode()).hexdigest()[:16]}"
     assert stage_fingerprint(resolve("tiny_mopd", ["trainer.lr=1e-4"])) != stage_fingerprint(base)
+
+
+def test_settings_added_at_their_old_value_leave_a_stage_fingerprint_alone():
+    # the KL in the reward was k1 before its estimator was a setting (reward.kl_type): at k1 the
+    # setting is not in the fingerprint, so stages finished before it existed are reused
+    from mopd.pipeline.stages import stage_fingerprint
+
+    base = resolve("tiny_mopd")
+    assert "kl_type: k1" in to_yaml(base) and "\n  kl_type:" not in identity_yaml(base)
+    assert stage_fingerprint(resolve("tiny_mopd", ["reward.kl_type=k3"])) != stage_fingerprint(base)
