@@ -98,6 +98,8 @@ def _comparable(ident: dict) -> dict:
     out = {k: v for k, v in ident.get("config", {}).items() if k not in NEVER_COMPARED}
     if not out.get("model.lora.rank"):   # LoRA off (or a run from before it existed): its settings say nothing
         out = {k: v for k, v in out.items() if not k.startswith("model.lora.")}
+    if out.get("reward.kl_type", "k1") == "k1":   # k1, what a run from before the setting used
+        out.pop("reward.kl_type", None)
     for name in ("model", "teacher", "reference"):
         fp = ident.get(name)
         if fp:

@@ -222,3 +222,17 @@ def test_a_run_recorded_before_the_retriever_was_resumes_on_its_config(tiny_mode
     assert "retriever" in json.loads((out / RUN_FILE).read_text())
     with pytest.raises(RunDirError, match="retriever.index"):       # its config is still compared
         prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"retriever.index": str(tmp_path)}), resume=True)
+
+
+def test_the_kl_estimator_is_compared_on_resume_only_when_it_is_not_k1(tiny_model_dir, qa_file, tmp_path):
+    """A run recorded before reward.kl_type existed (no such key: k1) resumes under the default; a
+    resume that picks another estimator is a change."""
+    out = tmp_path / "run"
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out), resume=False)
+    _hold_a_run(out)
+    rec = json.loads((out / RUN_FILE).read_text())
+    rec["config"].pop("reward.kl_type", None)   # as a run from before the setting wrote it
+    (out / RUN_FILE).write_text(json.dumps(rec))
+    with pytest.raises(RunDirError, match="reward.kl_type"):
+        prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"reward.kl_type": "k2"}), resume=True)
+    prepare_run_dir(_cfg(tiny_model_dir, qa_file, out, **{"reward.kl_type": "k1"}), resume=True)
