@@ -104,7 +104,12 @@ def test_a_token_a_header_cannot_carry_is_refused_at_start(index, tmp_path, caps
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n", encoding="utf-8")
     token_file.chmod(0o600)
-    assert main(["retriever", "serve", "--index", str(index), "--token-file", str(token_file), "--port", "0"]) == 2
+    busy = _busy_port()     # were the token taken, the command would stop at the port (never serve)
+    try:
+        assert main(["retriever", "serve", "--index", str(index), "--token-file", str(token_file),
+                     "--port", str(busy.getsockname()[1])]) == 2
+    finally:
+        busy.close()
     err = capsys.readouterr().err.strip()
     assert err.startswith("mopd retriever: error: token file") and "printable ASCII" in err and "\n" not in err
     with pytest.raises(ValueError, match="printable ASCII"):
