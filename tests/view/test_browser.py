@@ -146,3 +146,77 @@ def test_tokens_are_coloured_by_the_traced_signal(browser, traced_run):
     assert js(browser, "document.querySelector('#detail .col details.leader .tok').dataset.v") == "0.5"
     assert "training step 5" in js(browser, f"{col}.textContent")
     assert console_errors(browser) == []
+
+
+HOSTILE_QUESTIONS = ["<!--<script>", "</script><script>window.ran = 1</script>", "<img src=x onerror='window.ran=2'>",
+                     "a\u2028b\u2029c & <b>d</b>", "lone \ud800 surrogate", "-->--!><!--", "rate-50%"]
+
+
+def _records_page(root, questions, finals, title="mopd view"):
+    """A page of one workflow per question (dataset ds; ids h0, h1, ... but rate-50% as itself)."""
+    import json
+
+    from tests.helpers.records import call, record
+
+    rows = []
+    for i, (q, final) in enumerate(zip(questions, finals)):
+        d = record("rate-50%" if q == "rate-50%" else f"h{i}", candidates=["<answer>x</answer>"],
+                   calls=[call("l0", "leader", [f"<subtask>{q}</subtask>"])]).to_dict()
+        d.update(dataset="ds", question=q, final_answer=final)
+        rows.append(json.dumps(d))
+    (root / "records.jsonl").write_text("\n".join(rows) + "\n")
+    assert main(["view", str(root), "--title", title]) == 0
+    return root / "view.html"
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory):
+    """A page written from records whose texts a model could have written to break it."""
+    finals = ["\u202eevil"] + HOSTILE_QUESTIONS[1:]
+    return _records_page(tmp_path_factory.mktemp("hostile"), HOSTILE_QUESTIONS, finals,
+                         "</title><script>window.ran = 3</script>")
+
+
+@pytest.fixture(scope="module")
+def bidi_page(tmp_path_factory):
+    """Records that only reverse text direction or hold a % in an id (nothing else to trip on)."""
+    questions = ["Where?", "When?", "Who?", "rate-50%"]
+    return _records_page(tmp_path_factory.mktemp("bidi"), questions, ["\u202eevil", "x", "y", "z"])
+
+
+def test_a_page_from_hostile_records_shows_every_row_as_text_and_runs_nothing(browser, hostile_page):
+    load(browser, hostile_page)
+    assert js(browser, "document.querySelectorAll('#list-body tr.qrow').length") == len(HOSTILE_QUESTIONS)
+    shown = js(browser, "[...document.querySelectorAll('#list-body tr.qrow')].map(r => r.cells[1].textContent)")
+    assert shown == [q.replace("\ud800", "\ufffd") for q in HOSTILE_QUESTIONS]
+    assert js(browser, "window.ran === undefined && document.querySelectorAll('img, b').length === 0")
+    open_row(browser, 1)
+    assert "</script><script>window.ran = 1</script>" in js(browser, "document.getElementById('detail').textContent")
+    assert js(browser, "window.ran === undefined") and console_errors(browser) == []
+
+
+def test_record_text_cannot_turn_the_pages_own_labels_right_to_left(browser, bidi_page):
+    load(browser, bidi_page)
+    open_row(browser, 0)
+    final = "document.querySelector('#detail .col .final')"
+    assert js(browser, f"{final}.textContent") == "final answer: \u202eevil · not solved"
+    # where "not solved" is drawn: its first letter left of its last (left to right, as written)
+    xs = js(browser, f"""(() => {{ const t = [...{final}.childNodes].find(n => n.nodeType === 3 &&
+        n.textContent.includes('not solved')); const at = t.textContent.indexOf('not solved');
+        const x = k => {{ const r = document.createRange(); r.setStart(t, k); r.setEnd(t, k + 1);
+                         return r.getBoundingClientRect().left; }};
+        return [x(at), x(at + 9)]; }})()""")
+    assert xs[0] < xs[1], xs
+    assert console_errors(browser) == []
+
+
+@pytest.mark.parametrize("fragment,opens", [("#q=ds/rate-50%", True), ("#q=ds/rate-50%25", True), ("#q=%E0%A4%A", False),
+                                            ("#q=ds%2Fh0", True), ("#q=ds/h9", False), ("#q=ds/h2", True)])
+def test_a_fragment_that_is_not_valid_percent_encoding_still_loads_the_page(browser, bidi_page, fragment, opens):
+    browser.get("about:blank")                      # a fresh document each time, not a hash change
+    load(browser, bidi_page, fragment)           # load() waits for the page to be ready
+    if opens:
+        wait_for(browser, "document.getElementById('detail').dataset.ready !== undefined")
+    else:
+        assert js(browser, "document.getElementById('detail').dataset.ready === undefined")
+    assert console_errors(browser) == []
