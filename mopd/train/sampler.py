@@ -12,6 +12,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from mopd.core.qa import load_questions
+
 
 class QuestionSampler:
     """Deals ``per_step`` questions per step; rank r of ``world`` takes every world-th of them."""
@@ -62,3 +64,14 @@ class QuestionSampler:
 
     def load_state_dict(self, s: dict) -> None:
         self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+
+
+def training_questions(data_cfg) -> Tuple[list, list, int]:
+    """``(train questions, dev questions, malformed training rows skipped)`` of ``cfg.data``: the
+    dev set cut to its first ``data.dev_size`` questions (fixed across the run)."""
+    train, report = load_questions(data_cfg.train, skip_malformed=data_cfg.skip_malformed)
+    dev = []
+    if data_cfg.dev:
+        dev, _ = load_questions(data_cfg.dev, skip_malformed=data_cfg.skip_malformed)
+        dev = dev[:data_cfg.dev_size]
+    return train, dev, report.skipped

@@ -267,7 +267,7 @@ def _phase(t, phase, signum):
     elif phase == "update":
         _signal_on(t.optimizer, "step", signum, when=lambda n: n == t.cfg.trainer.ppo_minibatches + 1)
     elif phase == "engine_refresh":
-        _signal_on(t, "_refresh_engine", signum, when=lambda n: n == 2)
+        _signal_on(t, "refresh_engine", signum, when=lambda n: n == 2)
     elif phase == "log_line":
         _signal_on(t.logger, "log", signum, when=lambda n: n == 3)    # lines 0, 1, then step 2's
     elif phase == "checkpoint_write":   # inside DCP's save, before it writes anything

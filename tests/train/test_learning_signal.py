@@ -164,11 +164,11 @@ def test_rollout_old_logprobs_are_refused_in_bf16(tiny_model_dir, qa_file, tmp_p
 
 
 def test_rollout_old_logprobs_are_refused_where_auto_means_bf16(tiny_model_dir, qa_file, tmp_path, monkeypatch):
-    import mopd.train.trainer as trainer_module
+    import mopd.train.engine_setup as engine_setup
 
     cfg = resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, tmp_path, **{"trainer.old_logprobs": "rollout"}))
     assert cfg.model.dtype == "auto"
-    monkeypatch.setattr(trainer_module, "resolve_dtype", lambda name, device: torch.bfloat16)   # as on CUDA
+    monkeypatch.setattr(engine_setup, "resolve_dtype", lambda name, device: torch.bfloat16)   # as on CUDA
     with pytest.raises(ConfigError, match=r"needs float32 training.*model.dtype=auto trains in bfloat16"):
         PolicyTrainer(cfg, retriever=FakeRetriever(), progress=False)
 
