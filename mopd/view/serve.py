@@ -92,7 +92,7 @@ def page_server(page: Path, port: int = 8000) -> http.server.ThreadingHTTPServer
 def serve(page: Path, port: int = 8000, say=print) -> None:
     """Serve ``page`` until Ctrl-C."""
     with page_server(page, port) as server:
-        say(f"serving http://{HOST}:{server.server_address[1]}/{page.name} (only this page; Ctrl-C stops)")
+        say(f"serving http://{HOST}:{server.server_address[1]}/{quote(page.name)} (only this page; Ctrl-C stops)")
         try:
             server.serve_forever()
         except KeyboardInterrupt:
