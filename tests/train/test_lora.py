@@ -324,3 +324,31 @@ def test_two_ranks_under_gloo_agree_with_one(mode, tiny_model_dir, stage1, tmp_p
     else:   # the GPU set-up: a bf16 base and fp32 adapters in one FSDP2 group, bf16 compute
         assert r["base_dtypes"] == ["torch.bfloat16"]
         assert r["teacher_view_max_diff"] < 0.05 and r["base_view_max_diff"] < 0.05
+
+
+def test_the_gpu_guides_lora_commands_parse_and_its_plan_fits(capsys):
+    """docs/gpu_training.md's LoRA block: the plan it shows runs and FITS; the train and export
+    commands parse with the flags they use (``...`` stands for the paper's other settings)."""
+    import shlex
+
+    from mopd.cli import build_parser, main
+    from tests.helpers.readme import GPU_GUIDE
+
+    section = GPU_GUIDE.read_text().split("## LoRA: the paper's Stage II on one GPU", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = [shlex.split(line, comments=True) for line in block.splitlines() if line.strip() and
+                not line.lstrip().startswith("#")]
+    seen = set()
+    for argv in commands:
+        argv = [a for a in argv if a != "..."]
+        if argv[:5] == ["torchrun", "--nproc_per_node", "1", "-m", "mopd"]:
+            argv = ["mopd", *argv[5:]]
+        assert argv[0] == "mopd", argv
+        seen.add(argv[1])
+        if argv[1] == "plan":
+            assert main(argv[1:]) == 0 and capsys.readouterr().out.rstrip().endswith("FITS")
+        else:
+            args = build_parser().parse_args(argv[1:])
+            assert getattr(args, "export_adapter", False) or getattr(args, "adapter", False) or \
+                "teacher.path=runs/stage1/adapter" in argv or argv[-1] == "runs/stage2/export"
+    assert seen == {"plan", "train", "export"}
