@@ -11,8 +11,9 @@ INTEGRATIONS_BIN := $(INTEGRATIONS_VENV)/bin
 INTEGRATIONS_STAMP := $(INTEGRATIONS_VENV)/.installed
 # The trainers mopd_kernels integrates with, pinned (kernels/pyproject.toml's trl/verl extras take
 # the same versions). verl 0.9.1 needs transformers < 5.11 (its VLM modules), trl 1.16 >= 5.5.3.
+# parameterized: TRL's own GRPOTrainer test file (kernels/tests/integrations/trl_upstream) uses it.
 INTEGRATION_PINS := trl==1.16.0 transformers==5.10.4 liger-kernel==0.8.5 accelerate==1.16.0 datasets==5.2.0 \
-	pytest==9.2.0
+	parameterized==0.9.0 pytest==9.2.0
 # verl is installed without its dependencies (its full set brings vLLM, wandb, ray[default], ...):
 # these are what its core algorithms, fused-kernel forward and actor config import.
 VERL_PINS := verl==0.9.1
@@ -77,7 +78,8 @@ $(INTEGRATIONS_STAMP): kernels/pyproject.toml Makefile
 	$(INTEGRATIONS_BIN)/python -m pip install -q --no-deps -e ./kernels
 	touch $(INTEGRATIONS_STAMP)
 
-# mopd_kernels inside the real TRL GRPOTrainer and verl (marked integration; make test leaves them out).
+# mopd_kernels inside the real TRL GRPOTrainer and verl (marked integration; make test leaves them out),
+# and TRL's own GRPOTrainer test file run against FusedGRPOTrainer (trl_upstream/, kernels/README.md).
 # MOPD_REQUIRE_INTEGRATIONS=1: a trainer that is missing fails, not skips.
 test-integrations: $(INTEGRATIONS_STAMP)
 	cd kernels && MOPD_REQUIRE_INTEGRATIONS=1 HF_HUB_OFFLINE=1 ../$(INTEGRATIONS_BIN)/python -m pytest -q -m integration tests/integrations
