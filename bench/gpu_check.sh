@@ -9,15 +9,16 @@
 # generate cycle whose greedy output is scored against the trainer's model), tokens/s per phase.
 # Install vLLM 0.32 (the gpu extra's version) on the GPU machine for (3) to drive it; the same
 # script runs on vLLM's CPU build with --dry-run in .venv-vllm. (4) packed attention without flash-attn
-# (bench/gpu_attention.py: torch's varlen_attn against flash-attn and padded SDPA). Sized for under 8
-# minutes (265 + 25 + 70 + 110 s caps; not yet run on a GPU).
+# (bench/gpu_attention.py: torch's varlen_attn against flash-attn and padded SDPA). (5) the trainer
+# step of (2) with LoRA adapters of rank 16 (--lora-rank 16; peft carried in .whl). Sized for under 9
+# minutes (265 + 25 + 70 + 60 + 110 s caps; not yet run on a GPU).
 #
 #   bash bench/gpu_check.sh              # on the GPU machine; prints PASS/FAIL lines
 #   bash bench/gpu_check.sh --dry-run    # CPU self-check with the Triton interpreter (tests run this)
 #   bash bench/gpu_check.sh --skip-timing | --strict | --shape T,H,V   (passed to bench/gpu_kernels.py)
 #
 # With $OUT set, the JSON summary goes to $OUT/kernels_gpu.json and the log to $OUT/kernels_gpu.log.
-# Wheels the image lacks (liger-kernel, omegaconf) are installed offline from .whl/ when carried
+# Wheels the image lacks (liger-kernel, omegaconf, peft and accelerate) are installed offline from .whl/ when carried
 # (build it here with `bash bench/fetch_gpu_wheels.sh`, 2 MiB, then carry .whl).
 # Python: $PYTHON if set, else python3 (the GPU image's, with CUDA torch); .venv/bin/python for --dry-run.
 set -uo pipefail
@@ -30,7 +31,8 @@ for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ "$dry" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 if [ "$dry" = 0 ]; then
-  for pair in liger_kernel:liger_kernel omegaconf:omegaconf antlr4:antlr4_python3_runtime; do
+  for pair in liger_kernel:liger_kernel omegaconf:omegaconf antlr4:antlr4_python3_runtime accelerate:accelerate \
+              peft:peft; do
     mod="${pair%%:*}"; stem="${pair##*:}"
     "$PY" -c "import $mod" 2>/dev/null && continue
     for whl in .whl/"$stem"-*.whl; do
@@ -47,8 +49,8 @@ if [ -n "${OUT:-}" ]; then
   log="$OUT/kernels_gpu.log"
 fi
 
-# 265 s for the kernels, 25 s for packed attention, 70 s for the trainer step, 110 s for the FSDP2
-# path: 470 s of 480.
+# 265 s for the kernels, 25 s for packed attention, 70 s for the trainer step, 60 s for its LoRA
+# variant, 110 s for the FSDP2 path: 530 s of 540.
 timeout 265 "$PY" bench/gpu_kernels.py "${out_args[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" = 124 ]; then
@@ -75,6 +77,16 @@ timeout 70 "$PY" bench/gpu_train_step.py "${step_args[@]}" 2>&1 | tee -a "$log"
 step_rc=${PIPESTATUS[0]}
 [ "$step_rc" = 124 ] && echo "FAIL gpu_check: training step timed out after 70 s"
 [ "$rc" = 0 ] && rc=$step_rc
+
+# The same step with LoRA adapters of rank 16 (issue 52): the base frozen, adapters and their AdamW
+# alone in fp32; its step time and peak memory beside the full step's. Needs peft (carried in .whl).
+lora_args=(--lora-rank 16)
+[ "$dry" = 1 ] && lora_args+=(--dry-run)
+[ -n "${OUT:-}" ] && lora_args+=(--out "$OUT/train_step_lora.json")
+timeout 60 "$PY" bench/gpu_train_step.py "${lora_args[@]}" 2>&1 | tee -a "$log"
+lora_rc=${PIPESTATUS[0]}
+[ "$lora_rc" = 124 ] && echo "FAIL gpu_check: LoRA training step timed out after 60 s"
+[ "$rc" = 0 ] && rc=$lora_rc
 
 # The FSDP2 training path at world size 1, the teacher, the colocation cycle, checkpoints.
 fsdp_args=()
