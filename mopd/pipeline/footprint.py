@@ -3,9 +3,10 @@
 size comes from its config.json (a local directory, a bundled config, or the Hugging Face cache).
 
 Disk: a checkpoint holds 12 bytes a parameter (fp32 master weights and AdamW's two moments); a
-run keeps ``trainer.keep_checkpoints`` of them plus the best-validation one. An export holds the
-weights once: fp32 when `mopd export` writes it (it loads the checkpoint's fp32 master weights),
-else in the training dtype.
+run keeps ``trainer.keep_checkpoints`` of them plus the best-validation one; a LoRA run's
+checkpoints hold its adapters alone (the base is frozen). An export holds the weights once: fp32
+when `mopd export` writes it (it loads the checkpoint's fp32 master weights), else in the training
+dtype; a LoRA run's merged export is the whole model in fp32, its adapter export the adapters in fp32.
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def parameters(model: str) -> tuple[Optional[int], str]:
         return None, text.split(":")[0] if text.startswith("no config.json") else text
 
 
+def lora_parameters(run_cfg) -> tuple[Optional[int], str]:
+    """A LoRA run's adapter parameter count from its base's config.json, or None and the reason."""
+
+    lora = run_cfg.model.lora
+    try:
+        return ModelShape.from_config(load_model_config(run_cfg.model.path)).lora_params(lora.rank,
+                                                                                         lora.target_modules), ""
+    except (PlanError, OSError, ValueError) as e:
+        text = str(e)
+        return None, text.split(":")[0] if text.startswith("no config.json") else text
+
+
 def _frozen_configs(run_cfg) -> list:
     """config.json of each frozen model the run loads; None (the policy's shape) for one not built
     yet (a Stage-I export, when Stage II is planned before Stage I ran)."""
@@ -79,16 +92,28 @@ def _train_memory(stage: TrainStage, cfg: PipelineConfig) -> str:
 def footprint(stage: Stage, cfg: PipelineConfig) -> Footprint:
     """Memory per GPU and disk of one stage."""
     if isinstance(stage, TrainStage):
-        n, why = parameters(stage.config.model.path)
+        lora = stage.config.model.lora.enabled
+        n, why = lora_parameters(stage.config) if lora else parameters(stage.config.model.path)
+        what = f"{'adapter ' if lora else ''}parameters"
         keep = stage.config.trainer.keep_checkpoints + 1
         if n is None:
-            return Footprint(_train_memory(stage, cfg), None, f"unknown ({why}); {keep} checkpoints x 12 B a parameter")
+            return Footprint(_train_memory(stage, cfg), None, f"unknown ({why}); {keep} checkpoints x 12 B "
+                             + ("an adapter parameter" if lora else "a parameter"))
         return Footprint(_train_memory(stage, cfg), keep * CHECKPOINT_BYTES_PER_PARAM * n,
                          f"{keep} checkpoints ({stage.config.trainer.keep_checkpoints} kept + the best) x 12 B x "
-                         f"{n / 1e9:.2f}B parameters")
+                         f"{_count(n) if lora else f'{n / 1e9:.2f}B'} {what}")
     if isinstance(stage, ExportStage):
+        if stage.adapter:
+            n, why = lora_parameters(stage.train.config)
+            memory = "host RAM: the fp32 model" if cfg.launcher.kind == "subprocess" else \
+                "none beyond its training stage's (the same trainer)"
+            if n is None:
+                return Footprint(memory, None, f"unknown ({why}); fp32 adapter weights")
+            return Footprint(memory, 4 * n, f"fp32 adapter weights, 4 B x {_count(n)} parameters")
         n, why = parameters(stage.train.config.model.path)
-        width = 2 if cfg.launcher.kind == "inprocess" and stage.train.config.model.dtype == "bfloat16" else 4
+        lora = stage.train.config.model.lora.enabled
+        width = 2 if cfg.launcher.kind == "inprocess" and stage.train.config.model.dtype == "bfloat16" and not lora \
+            else 4
         dtype = "bf16" if width == 2 else "fp32"
         memory = ("host RAM: the fp32 model" + (f", {4 * n / GIB:.1f} GiB" if n else "") if cfg.launcher.kind ==
                   "subprocess" else "none beyond its training stage's (the same trainer)")
@@ -125,6 +150,11 @@ def _eval_gpus(cfg: PipelineConfig) -> str:
     if per_node and per_node.isdigit() and nodes.isdigit() and int(per_node) * int(nodes) > 1:
         return f"each of {int(per_node) * int(nodes)} GPUs (one rank each, a share of the questions)"
     return "one GPU"
+
+
+def _count(n: int) -> str:
+    """A parameter count in words (0.60B, 1.2M)."""
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
 
 
 def human_bytes(n: Optional[float]) -> str:

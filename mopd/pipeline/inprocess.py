@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Sequence
 
 from mopd.config import RetrieverConfig
 from mopd.core.errors import UserError
@@ -55,13 +55,14 @@ def open_retriever(cfg: RetrieverConfig):
     return QueryMemo(load_retriever(cfg))
 
 
-def train(stage: TrainStage, export: Optional[ExportStage], retriever, lockstep: bool, log: Log,
+def train(stage: TrainStage, exports: Sequence[ExportStage], retriever, lockstep: bool, log: Log,
           progress: bool = True) -> None:
-    """Train ``stage`` (resuming a killed run) and export it with the same trainer; a finished and
-    exported stage is reused."""
+    """Train ``stage`` (resuming a killed run) and write each of its ``exports`` with the same
+    trainer (a LoRA Stage I: the merged model and the adapter alone); a finished and exported stage
+    is reused."""
     name, cfg = stage.spec.name, stage.config
-    if stage.done() and (export is None or export.done()):
-        log(f"{name}: reusing {export.export_dir if export else stage.run_dir}")
+    if stage.done() and all(e.done() for e in exports):
+        log(f"{name}: reusing " + (", ".join(str(e.export_dir) for e in exports) or str(stage.run_dir)))
         return
 
     if stage.done():   # trained: only its export is missing
@@ -80,18 +81,20 @@ def train(stage: TrainStage, export: Optional[ExportStage], retriever, lockstep:
                                 progress=progress)
         try:
             trainer.fit()
-            if export is not None:
+            for export in exports:
                 if export.which == "best":
-                    export_best(name, trainer, export.export_dir, log)
+                    export_best(name, trainer, export.export_dir, log, adapter=export.adapter)
                 else:
-                    log(f"{name}: exporting the last step, {trainer.step}")
-                    trainer.export(export.export_dir, which="last")
+                    log(f"{name}: exporting the last step, {trainer.step}" + (" (adapter)" if export.adapter else ""))
+                    trainer.export(export.export_dir, which="last", adapter=export.adapter)
         finally:
             trainer.close()
-        (export or stage).mark_done()
+        for done in exports or [stage]:
+            done.mark_done()
     finally:
         lock.release()
-    log(f"{name}: done in {time.perf_counter() - t0:.0f}s" + (f"; exported {export.export_dir}" if export else ""))
+    log(f"{name}: done in {time.perf_counter() - t0:.0f}s"
+        + (f"; exported {', '.join(str(e.export_dir) for e in exports)}" if exports else ""))
 
 
 def lock_stage(run_dir, name: str):
@@ -104,16 +107,18 @@ def lock_stage(run_dir, name: str):
         raise StageLocked(str(e)) from None
 
 
-def export_best(name: str, trainer, export_dir: Path, log: Log) -> Path:
+def export_best(name: str, trainer, export_dir: Path, log: Log, adapter: bool = False) -> Path:
     """Export the checkpoint with the best dev validation (the paper's model selection; step 0,
-    the starting model, is not a candidate); the last weights when no validation ran."""
+    the starting model, is not a candidate); the last weights when no validation ran. ``adapter``:
+    a LoRA run's adapter alone (`mopd export --adapter`)."""
 
     best = ckpt.read_best(trainer.run_dir)
+    what = " (adapter)" if adapter else ""
     if best is None or best["step"] == trainer.step:
-        log(f"{name}: exporting the last step, {trainer.step}" + (", also the best on dev" if best else ""))
+        log(f"{name}: exporting the last step, {trainer.step}{what}" + (", also the best on dev" if best else ""))
     else:
-        log(f"{name}: exporting step {best['step']}, the best dev {best['metric']} ({best['value']:.3f})")
-    return trainer.export(export_dir, which="best")
+        log(f"{name}: exporting step {best['step']}{what}, the best dev {best['metric']} ({best['value']:.3f})")
+    return trainer.export(export_dir, which="best", adapter=adapter)
 
 
 def last_step(run_dir: Path) -> int:
@@ -128,25 +133,25 @@ def last_step(run_dir: Path) -> int:
         return int(json.loads(lines[-2]).get("step", 0)) if len(lines) > 1 else 0
 
 
-def _train_in_worker(stage: TrainStage, export: Optional[ExportStage], retriever: RetrieverConfig, lockstep: bool,
+def _train_in_worker(stage: TrainStage, exports: Sequence[ExportStage], retriever: RetrieverConfig, lockstep: bool,
                      log_name: str) -> None:
 
-    train(stage, export, open_retriever(retriever), lockstep, logger(log_name), progress=False)
+    train(stage, exports, open_retriever(retriever), lockstep, logger(log_name), progress=False)
 
 
 def train_side_by_side(jobs: Sequence[tuple], workers: int, retriever, retriever_cfg: RetrieverConfig,
                        lockstep: bool, log: Log, log_name: str) -> None:
-    """Train each (train stage, export stage) job, ``workers`` at a time (spawned processes, one
+    """Train each (train stage, its export stages) job, ``workers`` at a time (spawned processes, one
     thread each, each with its own retriever); one progress line per minute while they run."""
 
     workers = min(workers, len(jobs), os.cpu_count() or 1)
     if workers <= 1:
-        for stage, export in jobs:
-            train(stage, export, retriever, lockstep, log)
+        for stage, exports in jobs:
+            train(stage, exports, retriever, lockstep, log)
         return
     with worker_pool(workers) as pool:   # the workers end with this process (a kill -9 too)
-        futures = [pool.submit(_train_in_worker, stage, export, retriever_cfg, lockstep, log_name)
-                   for stage, export in jobs]
+        futures = [pool.submit(_train_in_worker, stage, exports, retriever_cfg, lockstep, log_name)
+                   for stage, exports in jobs]
         while True:
             done, pending = wait(futures, timeout=60, return_when=FIRST_EXCEPTION)
             for f in done:

@@ -177,9 +177,12 @@ def _by_type(stages: List[Stage], kind) -> List:
 
 
 def _jobs(stages: List[Stage], group: str) -> List[tuple]:
-    """(train stage, its export) of a group, in order."""
-    exports = {s.train.key: s for s in stages if isinstance(s, ExportStage)}
-    return [(s, exports.get(s.key)) for s in stages if isinstance(s, TrainStage) and s.group == group]
+    """(train stage, its exports) of a group, in order (a LoRA Stage I has two: merged and adapter)."""
+    exports: Dict[str, list] = {}
+    for s in stages:
+        if isinstance(s, ExportStage):
+            exports.setdefault(s.train.key, []).append(s)
+    return [(s, exports.get(s.key, [])) for s in stages if isinstance(s, TrainStage) and s.group == group]
 
 
 class _Timed:

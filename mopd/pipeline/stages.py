@@ -7,7 +7,14 @@ pipeline in order; nothing here loads a model or reads a question.
 
 Markers: a training run's ``DONE`` holds ``"<steps> <config hash>"`` once trained and
 ``"<steps> <config hash> <best|last>"`` once exported (the layout the pipeline has always written,
-so finished runs are reused); an evaluation's and the report's ``.done`` hold theirs.
+so finished runs are reused); a LoRA Stage I's adapter export marks ``DONE.export_adapter`` the
+same way; an evaluation's and the report's ``.done`` hold theirs.
+
+Exports of a LoRA run (``model.lora.rank`` > 0): every training stage's ``DIR/export`` is the
+adapter merged into its base, a plain Hugging Face model that the evaluations read as they read a
+full run's; Stage I also writes its adapter alone to ``DIR/export_adapter`` (`mopd export
+--adapter`), and that is the Stage II arms' teacher, so a LoRA arm scores its teacher as a view of
+its own base (no second copy). A full fine-tuning pipeline's stages and commands are unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 
 MARKER = "DONE"
 """A training run's marker (in its run directory)."""
+ADAPTER_MARKER = "DONE.export_adapter"
+"""A LoRA Stage I's adapter export's marker (in its run directory, beside ``DONE``)."""
+ADAPTER_EXPORT = "export_adapter"
+"""A LoRA Stage I's adapter export: DIR/export_adapter (its merged export stays DIR/export)."""
 DONE = ".done"
 """An evaluation's and the report's marker (in their directories)."""
 STARTED = ".stage"
@@ -214,29 +225,37 @@ class TrainStage(Stage):
 
 @dataclass
 class ExportStage(Stage):
-    """A training run's chosen checkpoint as a Hugging Face model (`mopd export`)."""
+    """A training run's chosen checkpoint as a Hugging Face model (`mopd export`), or, with
+    ``adapter``, a LoRA run's adapter alone (`mopd export --adapter`: Stage II's teacher)."""
 
     train: Optional[TrainStage] = None
     which: str = "best"
+    adapter: bool = False
+    """Write the adapter alone in PEFT's format to DIR/export_adapter (a LoRA run only)."""
 
     @property
     def export_dir(self) -> Path:
-        return self.train.run_dir / "export"
+        return self.train.run_dir / (ADAPTER_EXPORT if self.adapter else "export")
+
+    @property
+    def marker(self) -> Path:
+        return self.train.run_dir / (ADAPTER_MARKER if self.adapter else MARKER)
 
     def fingerprint(self) -> str:
         return f"{self.train.fingerprint()} {self.which}"
 
     def done(self) -> bool:
-        return ((self.export_dir / "config.json").is_file() and read_marker(self.train.run_dir / MARKER) ==
-                self.fingerprint() and self.train.built_here())
+        written = self.export_dir / ("adapter_config.json" if self.adapter else "config.json")
+        return written.is_file() and read_marker(self.marker) == self.fingerprint() and self.train.built_here()
 
     def mark_done(self) -> None:
         check_live_owner(self.key)
-        (self.train.run_dir / MARKER).write_text(self.fingerprint())
+        self.marker.write_text(self.fingerprint())
 
     def command(self, cfg):
         return mopd_words(cfg.launcher.export) + ["export", str(self.train.run_dir), "--checkpoint",
                                                   "best" if self.which == "best" else "latest",
+                                                  *(["--adapter"] if self.adapter else []),
                                                   "--out", str(self.export_dir)]
 
 
@@ -366,11 +385,20 @@ def _train_stage(cfg: PipelineConfig, key: str, group: str, spec: TrainStageConf
                       spec=spec, config=run_cfg, overrides=overrides)
 
 
-def _export_stage(train: TrainStage) -> ExportStage:
+def is_lora(train: TrainStage) -> bool:
+    """Whether a training stage trains LoRA adapters over a frozen base (``model.lora.rank`` > 0)."""
+    return train.config.model.lora.enabled
+
+
+def _export_stage(train: TrainStage, adapter: bool = False) -> ExportStage:
     which = train.spec.export
-    title = f"{train.spec.name}: export the {'best-validation' if which == 'best' else 'last'} checkpoint"
-    return ExportStage(key=f"{train.key}.export", group=train.group, title=title, inputs=[str(train.run_dir)],
-                       outputs=[str(train.run_dir / "export")], train=train, which=which)
+    what = f"the {'best-validation' if which == 'best' else 'last'} checkpoint"
+    title = (f"{train.spec.name}: export {what}'s adapter alone (the teacher)" if adapter else
+             f"{train.spec.name}: export {what}" + (" (adapter merged into the base)" if is_lora(train) else ""))
+    key = f"{train.key}.{ADAPTER_EXPORT}" if adapter else f"{train.key}.export"
+    out = train.run_dir / (ADAPTER_EXPORT if adapter else "export")
+    return ExportStage(key=key, group=train.group, title=title, inputs=[str(train.run_dir)], outputs=[str(out)],
+                       train=train, which=which, adapter=adapter)
 
 
 def slug(name: str) -> str:
@@ -406,6 +434,9 @@ def plan(cfg: PipelineConfig) -> List[Stage]:
     stage1 = _train_stage(cfg, "stage1", "stage1", cfg.stage1)
     stages += [stage1, _export_stage(stage1)]
     teacher = str(stage1.run_dir / "export")
+    if is_lora(stage1):   # the teacher is the adapter alone; the evaluation reads the merged export
+        stages.append(_export_stage(stage1, adapter=True))
+        teacher = str(stage1.run_dir / ADAPTER_EXPORT)
     arms = [_train_stage(cfg, f"stage2.{k}", "stage2", spec, teacher=teacher) for k, spec in cfg.stage2.items()]
     for arm in arms:
         stages += [arm, _export_stage(arm)]
