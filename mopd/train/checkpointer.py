@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.core.errors import Interrupted
 from mopd.train import checkpoint as ckpt
+from mopd.train import lora as lora_mod
 from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
 from mopd.train.errors import TrainingError
 from mopd.train.export import export_weights
@@ -58,10 +59,15 @@ class Checkpointer:
         return {"sampler": t.sampler.state_dict(), "scheduler": t.scheduler.state_dict(),
                 "bad_steps": t.bad_steps, "signalless_steps": t.signalless_steps,
                 "model_path": self.cfg.model.path, "method": self.cfg.method,
-                "base_model_weights": ckpt.run_base_model_weights(self.run_dir),
+                "base_model_weights": ckpt.run_base_model_weights(self.run_dir) or self._lora_base(),
                 "lora": asdict(self.cfg.model.lora) if self.cfg.model.lora.enabled else None,
                 # a step whose validation or log line was cut off: --resume does them first
                 "pending": None if self.pending is None else {k: float(v) for k, v in self.pending.items()}}
+
+    def _lora_base(self) -> Optional[str]:
+        """A LoRA run's base fingerprint where no run.json records it (a trainer driven from Python):
+        an adapter-only checkpoint is nothing without the base it was trained over."""
+        return lora_mod.base_weights(self.cfg.model.path) if self.cfg.model.lora.enabled else None
 
     def save(self) -> Path:
         """Checkpoint the current step; a second Ctrl-C during the write and a full disk are one line

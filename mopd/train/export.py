@@ -90,6 +90,18 @@ def install_dir(out_dir: str | os.PathLike, source: dict, write: Callable[[Path]
     return out
 
 
+def recorded_states(src: Path):
+    """The readable trainer_state.json of a step directory, or of a run's checkpoints newest first."""
+    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
+    for step in steps:
+        try:
+            state = json.loads((step / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict):
+            yield state
+
+
 def recorded_base_model(src: Path) -> str | None:
     """The base model a run (or step directory) was trained from: run.json's ``model.path``, else
     the newest readable checkpoint's trainer_state.json."""
@@ -100,51 +112,29 @@ def recorded_base_model(src: Path) -> str | None:
             return path
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
-    for step in steps:
-        try:
-            path = json.loads((step / "trainer_state.json").read_text()).get("model_path")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if path:
-            return path
-    return None
+    return next((s["model_path"] for s in recorded_states(src) if s.get("model_path")), None)
 
 
 def recorded_lora(src: Path):
     """The ``model.lora`` settings a run (or step directory) trained with (None: full fine-tuning):
     the newest readable checkpoint's trainer_state.json."""
-    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
-    for step in steps:
-        try:
-            state = json.loads((step / "trainer_state.json").read_text())
-        except (OSError, ValueError):
-            continue
-        found = state.get("lora") if isinstance(state, dict) else None
-        if isinstance(found, dict) and found.get("rank"):
-            from mopd.config.inputs import LoraConfig
+    from mopd.config.inputs import LoraConfig
 
-            return LoraConfig(rank=int(found["rank"]), alpha=float(found["alpha"]), dropout=float(found["dropout"]),
-                              target_modules=tuple(found["target_modules"]))
-        if isinstance(state, dict):
-            return None
-    return None
+    found = next(iter(recorded_states(src)), {}).get("lora")
+    if not isinstance(found, dict) or not found.get("rank"):
+        return None
+    return LoraConfig(rank=int(found["rank"]), alpha=float(found["alpha"]), dropout=float(found["dropout"]),
+                      target_modules=tuple(found["target_modules"]))
 
 
 def _check_lora_base(src: Path, base_path: str) -> None:
     """A LoRA checkpoint merged into (or exported for) a base of other weights than the one it was
     trained over would be garbage that loads: refused in one line (the weights' fingerprints)."""
-    steps = [src] if not (src / "checkpoints").is_dir() else list(reversed(list_checkpoints(src)))
-    for step in steps:
-        try:
-            recorded = json.loads((step / "trainer_state.json").read_text()).get("base_model_weights")
-        except (OSError, ValueError, AttributeError):
-            continue
-        have = lora_mod.base_weights(base_path)
-        if recorded and have and recorded != have:
-            raise CheckpointError(f"{src} trained LoRA adapters over another base (weights {recorded[:12]}); "
-                                  f"{base_path} has {have[:12]}: pass the base it was trained on (--base-model)")
-        return
+    recorded = next(iter(recorded_states(src)), {}).get("base_model_weights")
+    have = lora_mod.base_weights(base_path)
+    if recorded and have and recorded != have:
+        raise CheckpointError(f"{src} trained LoRA adapters over another base (weights {recorded[:12]}); "
+                              f"{base_path} has {have[:12]}: pass the base it was trained on (--base-model)")
 
 
 def export_weights(model, tokenizer, out_dir: str | os.PathLike, source: dict, *, lora=None,

@@ -150,8 +150,10 @@ def test_mopd_export_of_a_lora_checkpoint_merged_and_adapter(stage1, tmp_path):
     full, _ = load_causal_lm(str(tmp_path / "merged"), dtype=torch.float32, device=CPU)
     ckpt.save_checkpoint(tmp_path / "full", 1, full, torch.optim.AdamW(full.parameters()),
                          {"model_path": str(tmp_path / "merged")})
+    other = init_tiny_model(tmp_path / "other", vocab_size=400, hidden=32, layers=1, heads=2, ffn=64, seed=7)
     for path, base, words in ((tmp_path / "full", None, "trained all weights (no LoRA)"),
-                              (run, str(tmp_path / "nowhere"), "nowhere")):
+                              (run, str(tmp_path / "nowhere"), "nowhere"),
+                              (run, str(other), "trained LoRA adapters over another base")):
         args = type("Args", (), {"checkpoint": str(path), "out": str(tmp_path / "x"), "adapter": True, "which": "latest",
                                  "base_model": base, "repair": False, "trust_remote_code": False})
         with pytest.raises(UserError) as e:
