@@ -48,6 +48,11 @@ def _register_demo(sub) -> None:
     p.add_argument("--bm25", action="store_true", help="retrieve with BM25 instead of MiniLM + flat FAISS")
     p.add_argument("--quick", action="store_true",
                    help="a shortened smoke run (few steps, few questions): checks the pipeline, not the method")
+    p.add_argument("--lora", action="store_true",
+                   help="train Stage I and every Stage II arm as LoRA adapters over pi_0's frozen weights (rank 16, "
+                        "alpha 32, lr 5e-3; Stage I's adapter is the arms' teacher); OUT defaults to runs/demo_lora "
+                        "(runs/demo_lora_quick with --quick, runs/demo_lora_seeds with --seeds). It is the "
+                        "`demo_lora` pipeline")
     p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="N",
                    help="run the demo on each seed (OUT/seedN, finished stages reused; OUT defaults to "
                         "runs/demo_seeds) and write OUT/summary.md: per claim, on how many seeds it holds "
@@ -89,6 +94,8 @@ def _demo(args) -> int:
     out = args.out
     if args.seeds is not None and out == "runs/demo":
         out = "runs/demo_seeds"
+    if args.lora and out in ("runs/demo", "runs/demo_seeds"):   # never into a full demo's directory
+        out = "runs/demo_lora_quick" if args.quick and args.seeds is None else out.replace("runs/demo", "runs/demo_lora", 1)
     try:
         s = DemoSettings(out=out, seed=args.seed, pi0_steps=args.pi0_steps, stage1_steps=args.stage1_steps,
                          stage2_steps=args.stage2_steps, test_questions=args.test_questions, attempts=args.attempts,
@@ -97,7 +104,7 @@ def _demo(args) -> int:
                          quick=args.quick, world=list(args.world), pi0=list(args.pi0), stage2_questions_per_step=args.stage2_questions,
                          eval_split=args.eval_split, pi0_check_attempts=args.pi0_check_attempts,
                          weak_pi0_em=args.weak_pi0_em, eval_workers=args.eval_workers,
-                         threads=args.threads, arm_workers=args.arm_workers)
+                         threads=args.threads, arm_workers=args.arm_workers, lora=args.lora)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.quick:

@@ -6,6 +6,10 @@ its control tiny_no_searcher_supervision; with ablations also tiny_outcome_searc
 tiny_base_teacher), each exported at its last step -> evaluation of C-MAS base, C-MAS + RL, H-MAS
 base and every arm (4 attempts, question bootstrap) -> the report with its claims.
 
+With ``lora`` (`mopd demo --lora`, the ``demo_lora`` preset) Stage I and every arm train LoRA
+adapters over pi_0's frozen weights (:data:`LORA_OVERRIDES`); Stage I's adapter alone is the arms'
+teacher (a view of their own base), and every evaluated model is the adapter merged into pi_0.
+
 :class:`DemoSettings` are `mopd demo`'s options; :func:`demo_pipeline` turns them into the
 :class:`~mopd.pipeline.config.PipelineConfig` that `mopd demo` runs (and that the ``demo``
 pipeline preset is, at the defaults).
@@ -90,6 +94,10 @@ class DemoSettings:
     """Stage II arms trained at once (processes, one thread each): MultiAgent-OPD and its
     no-Searcher-supervision control, and with ablations the outcome-reward Searcher and the base
     teacher. Each arm is a function of its config and seed, so its weights are the same with 1."""
+    lora: bool = False
+    """Train Stage I and every Stage II arm as LoRA adapters over pi_0's frozen weights
+    (:data:`LORA_OVERRIDES`: rank, alpha, learning rate) instead of all weights; Stage I's adapter is
+    the arms' teacher. pi_0, the world and the evaluation are the full demo's."""
     lockstep: bool = True
     """Roll out (training and evaluation) with the lock-step scheduler, whose engine batches are a
     function of the runs' states, instead of the asynchronous one, whose batches depend on timing:
@@ -129,6 +137,12 @@ QUICK_WORKFLOW = {"max_output_tokens": 24, "max_steps": 3, "max_rounds": 1}
 QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "rollout.answer_candidates=2",
                    "trainer.val_every=1", "trainer.val_attempts=1", "data.dev_size=2"] + [f"rollout.{k}={v}" for k, v in QUICK_WORKFLOW.items()]
 """Overrides of every training stage of a quick run (the evaluation takes its workflow limits)."""
+LORA_OVERRIDES = ["model.lora.rank=16", "model.lora.alpha=32", "trainer.lr=5e-3"]
+"""What `mopd demo --lora` adds to every training stage (after a quick run's, before ``overrides``):
+rank-16 adapters on every attention and MLP projection of pi_0's two layers (78k trainable
+parameters of its 0.7M; the embeddings, norms and tied lm head stay frozen), alpha 32 (the update
+scaled by 2), and 10x the full demo's lr 5e-4, the usual LoRA step-up (why these values:
+docs/demo.md, "The LoRA variant")."""
 
 
 def quick_settings(s: DemoSettings) -> DemoSettings:
@@ -200,6 +214,7 @@ def demo_pipeline(s: DemoSettings) -> PipelineConfig:
     overrides first, then the stage's own (Stage I: ``s.threads`` threads; the arms:
     ``s.stage2_questions_per_step``), then ``s.overrides``."""
     quick = list(QUICK_OVERRIDES) if s.quick else []
+    lora = list(LORA_OVERRIDES) if s.lora else []
     arms = STAGE2_ARMS + (ABLATION_ARMS if s.with_ablations else [])
     per_step = ([f"trainer.questions_per_step={s.stage2_questions_per_step}"]
                 if s.stage2_questions_per_step is not None else [])
@@ -209,19 +224,22 @@ def demo_pipeline(s: DemoSettings) -> PipelineConfig:
     dev = s.eval_split == "dev"
     q = "${root}/world/questions"
     return PipelineConfig(
-        name="demo",
+        name="demo_lora" if s.lora else "demo",
         description="The method end to end on the built-in tiny world (CPU): world, pi_0, Stage I, Stage II "
-                    "arms side by side, the evaluation of every system and the report with its claims.",
+                    "arms side by side, the evaluation of every system and the report with its claims"
+                    + (", every training stage as LoRA adapters over pi_0 (its adapter the arms' teacher)."
+                       if s.lora else "."),
         root=s.out, model="${root}/pi0", seed=s.seed,
         data=DataPaths(train=f"{q}/train.jsonl", dev=f"{q}/dev.jsonl", test=f"{q}/test.jsonl"),
         retriever=RetrieverConfig(kind="inprocess", index="${root}/world/index"),
         setup=setup_stages(s, pi0),
         overrides=list(s.overrides),
         stage1=TrainStageConfig(name="C-MAS + RL", preset="tiny_cmas_rl", dir="stage1", steps=s.stage1_steps,
-                                overrides=quick + [f"trainer.cpu_threads={s.threads}"], export="best",
+                                overrides=quick + lora + [f"trainer.cpu_threads={s.threads}"], export="best",
                                 label="Stage I (C-MAS + RL)"),
         stage2={a.key: TrainStageConfig(name=a.name, preset=a.preset, dir=a.dir, steps=s.stage2_steps,
-                                        overrides=quick + per_step, export="last", label=a.label) for a in arms},
+                                        overrides=quick + lora + per_step, export="last", label=a.label)
+                for a in arms},
         systems=[SystemConfig("C-MAS base", "base", "cmas"), SystemConfig("C-MAS + RL", "stage1", "cmas"),
                  SystemConfig("H-MAS base", "base", "hmas")] + [SystemConfig(a.name, a.key, "hmas") for a in arms],
         eval=EvalSettings(split=s.eval_split, attempts=s.attempts, questions=s.test_questions,
@@ -251,4 +269,21 @@ def demo_quick() -> PipelineConfig:
     2-core CPU)."""
     cfg = _demo(quick=True, out="runs/demo_quick")
     cfg.name = "demo_quick"
+    return cfg
+
+
+@pipeline_preset
+def demo_lora() -> PipelineConfig:
+    """`mopd demo --lora`: the demo with Stage I and both Stage II arms trained as LoRA adapters over
+    pi_0 (rank 16, alpha 32, lr 5e-3), Stage I's adapter the arms' teacher; world, pi_0 and
+    evaluation as the full demo's."""
+    return _demo(lora=True, out="runs/demo_lora")
+
+
+@pipeline_preset
+def demo_lora_quick() -> PipelineConfig:
+    """`mopd demo --lora --quick`: the LoRA demo shortened as demo_quick (checks that every stage
+    works, says nothing about the method)."""
+    cfg = _demo(quick=True, lora=True, out="runs/demo_lora_quick")
+    cfg.name = "demo_lora_quick"
     return cfg

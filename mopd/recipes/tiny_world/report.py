@@ -42,6 +42,8 @@ class ReportInputs:
     """The systems were evaluated on the dev split (the tuning path)."""
     pi0_check: Optional[dict] = None
     """pi_0's dev check (:func:`mopd.recipes.tiny_world.policy_check.check_pi0_cached`), appended when given."""
+    training: str = ""
+    """How the stages trained, above the claims (:func:`training_note`: LoRA runs only)."""
 
 
 def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
@@ -49,11 +51,12 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
     claims.json, and the pi_0 check; returns the report's path."""
 
     claims = check_claims(dict(zip(names, runs)), draws=inputs.draws)
-    title = "MultiAgent-OPD on the built-in tiny world" + (" (dev split: for tuning)" if inputs.dev else "")
+    title = ("MultiAgent-OPD on the built-in tiny world" + (", LoRA" if inputs.training else "")
+             + (" (dev split: for tuning)" if inputs.dev else ""))
     report = report_runs(runs, report_dir, ReportOptions(
         names=names, reference="MultiAgent-OPD", draws=inputs.draws, seed=DEFAULT_SEED,
         validation_logs=inputs.logs, validation_labels=inputs.labels, title=title,
-        top_sections=claims_markdown(claims), linked=CLAIMS[0].base))
+        top_sections=inputs.training + claims_markdown(claims), linked=CLAIMS[0].base))
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
         log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {claim_interval(c)} -> "
@@ -66,6 +69,34 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
         if check["weak"]:
             log("WARNING: " + check["verdict"])
     return report
+
+
+def training_note(run_dirs: List[Path], labels: List[str]) -> str:
+    """The report's Training section when a stage trained LoRA adapters: each training run (its
+    config.yaml) with its rank, alpha, target modules and lr, or "all weights". Empty when every
+    run trained all weights, so a full fine-tuning demo's report is unchanged."""
+    import yaml
+
+    rows, lora_seen = [], False
+    for run, label in zip(run_dirs, labels):
+        try:
+            cfg = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            rows.append(f"- {label}: its config.yaml cannot be read")
+            continue
+        lora, lr = (cfg.get("model") or {}).get("lora") or {}, (cfg.get("trainer") or {}).get("lr")
+        if lora.get("rank"):
+            lora_seen = True
+            rows.append(f"- {label}: LoRA adapters of rank {lora['rank']}, alpha {lora.get('alpha'):g}, on "
+                        f"{', '.join(lora.get('target_modules') or [])}, over pi_0's frozen weights; lr {lr:g}")
+        else:
+            rows.append(f"- {label}: all weights; lr {lr:g}")
+    if not lora_seen:
+        return ""
+    return "\n".join(["## Training", "", *rows, "",
+                      "A LoRA Stage II's teacher is Stage I's adapter over the same base (a view of the student's "
+                      "own base); every trained system is evaluated as its adapter merged into pi_0 (a plain model).",
+                      ""]) + "\n"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Three setup stage kinds run before Stage I, each reusing what it built (its own 
   ``attempts``, ``weak_em``, ``weak_valid`` (:class:`~mopd.recipes.tiny_world.policy_check.WeakPi0`).
 
 The report kind ``claims`` is `mopd eval report`'s report with the demo's claims at its top and the
-pi_0 check at its end.
+pi_0 check at its end (and, when a stage trained LoRA adapters, how each stage trained above them).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mopd.pipeline.kinds import register_report_kind, register_stage_kind
 from mopd.pipeline.stages import Stage
 from mopd.recipes.tiny_world.pipeline import PI0_CHECK
 from mopd.recipes.tiny_world.policy_check import WeakPi0, check_pi0_cached
-from mopd.recipes.tiny_world.report import ReportInputs, write_report
+from mopd.recipes.tiny_world.report import ReportInputs, training_note, write_report
 from mopd.recipes.tiny_world.warmstart import build_pi0, parse_pi0_settings, read_pi0
 from mopd.recipes.tiny_world import world
 from mopd.recipes.tiny_world.world import parse_world_settings
@@ -200,6 +200,8 @@ class Pi0CheckStage(Stage):
 @register_report_kind("claims")
 def claims_report(stage, setup_results: Dict[str, object], log) -> Path:
     """`mopd eval report`'s report with the demo's claims at its top and pi_0's check at its end."""
-    inputs = ReportInputs(logs=[Path(p) for p in stage.logs], labels=stage.labels, draws=stage.draws,
-                          dev=stage.dev, pi0_check=setup_results.get(PI0_CHECK))
+    logs = [Path(p) for p in stage.logs]
+    inputs = ReportInputs(logs=logs, labels=stage.labels, draws=stage.draws, dev=stage.dev,
+                          pi0_check=setup_results.get(PI0_CHECK),
+                          training=training_note([p.parent for p in logs], stage.labels))
     return write_report([e.out for e in stage.evals], stage.names, stage.out, inputs)
