@@ -211,7 +211,7 @@ class TorchRowPass:
         if b is None:
             return L.exp_().mul_(a.unsqueeze(1))
         for rows, Lt, Et in self._tiles(L):
-            Lt.mul_(b[rows].unsqueeze(1)).add_(a[rows].unsqueeze(1)).mul_(Et)
+            torch.addcmul(a[rows].unsqueeze(1), Lt, b[rows].unsqueeze(1), out=Lt).mul_(Et)  # (a + b L) e^L
         return L
 
     def policy_loss(self, z, targets, inputs: LossInputs, settings: PolicyLossSettings, out_logp, out_entropy,
