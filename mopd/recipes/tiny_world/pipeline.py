@@ -139,8 +139,8 @@ QUICK_OVERRIDES = ["trainer.questions_per_step=2", "rollout.group_size=2", "roll
 """Overrides of every training stage of a quick run (the evaluation takes its workflow limits)."""
 LORA_OVERRIDES = ["model.lora.rank=16", "model.lora.alpha=32", "trainer.lr=5e-3"]
 """What `mopd demo --lora` adds to every training stage (after a quick run's, before ``overrides``):
-rank-16 adapters on every attention and MLP projection of pi_0's two layers (78k trainable
-parameters of its 0.7M; the embeddings, norms and tied lm head stay frozen), alpha 32 (the update
+rank-16 adapters on every attention and MLP projection of pi_0's two layers (81,920 trainable
+parameters beside its 661,120; the embeddings, norms and tied lm head stay frozen), alpha 32 (the update
 scaled by 2), and 10x the full demo's lr 5e-4, the usual LoRA step-up (why these values:
 docs/demo.md, "The LoRA variant")."""
 

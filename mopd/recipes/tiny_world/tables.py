@@ -10,6 +10,8 @@ docs folder (a run evaluated on both splits: its dev report under dest/dev/); ``
 - ``seed0-claims``: every claim in order with its kind, interval and verdict (docs/demo/claims.json;
   one written before claims had kinds is labelled from its systems);
 - ``seed0-timings``: the stage timings of that run (docs/demo/timings.json);
+- ``lora-systems``, ``lora-claims``, ``lora-timings``: the same three of the LoRA variant's run
+  (`mopd demo --lora`, published to docs/demo_lora), or one line saying none is published;
 - ``seeds``: the multi-seed tables (docs/demo_seeds/summary.json: per seed a column per claim and the
   trained Leader's 2+-subtask rate, then each claim pooled), or, while
   no multi-seed run is published, one row per single-seed folder docs/demo_seedN/.
@@ -104,25 +106,39 @@ def main_table_rows(report_md: str) -> list[list[str]]:
     return rows
 
 
-def render_seed0_systems(docs: Path) -> str:
-    rows = main_table_rows((docs / "demo" / "report.md").read_text(encoding="utf-8"))
+def render_seed0_systems(docs: Path, folder: str = "demo") -> str:
+    rows = main_table_rows((docs / folder / "report.md").read_text(encoding="utf-8"))
     out = ["| System | avg@4 | pass@4 | 4/4 |", "|---|---|---|---|"]
     out += ["| " + " | ".join([LABELS.get(r[0], r[0])] + r[1:4]) + " |" for r in rows if r[0] in LABELS]
     return "\n".join(out)
 
 
-def render_seed0_claims(docs: Path) -> str:
-    return claims_table(json.loads((docs / "demo" / "claims.json").read_text()))
+def render_seed0_claims(docs: Path, folder: str = "demo") -> str:
+    return claims_table(json.loads((docs / folder / "claims.json").read_text()))
 
 
 _STAGES = (("world", "world and index"), ("pi0", "pi_0"), ("pi0_check", "pi_0 dev check"),
            ("stage1", "Stage I"), ("stage2", "Stage II"), ("ablation", "ablation"), ("eval", "evaluation"))
 
 
-def render_seed0_timings(docs: Path) -> str:
-    t = json.loads((docs / "demo" / "timings.json").read_text())
+def render_seed0_timings(docs: Path, folder: str = "demo") -> str:
+    t = json.loads((docs / folder / "timings.json").read_text())
     parts = [f"{label} {t[key]:.0f} s" for key, label in _STAGES if key in t]
     return f"Demo stages of this run: {', '.join(parts)}; {t['total'] / 60:.1f} min in all."
+
+
+LORA_FOLDER = "demo_lora"
+"""Where the LoRA variant's run is published (`mopd demo-docs publish runs/demo_lora docs/demo_lora`)."""
+
+
+def _lora(render):
+    """``render`` of the LoRA variant's published folder, or one line while none is published."""
+    def rendered(docs: Path) -> str:
+        if not (docs / LORA_FOLDER / "report.md").is_file():
+            return (f"No LoRA run is published yet (`mopd demo --lora`, then `mopd demo-docs publish runs/demo_lora "
+                    f"docs/{LORA_FOLDER}`).")
+        return render(docs, LORA_FOLDER)
+    return rendered
 
 
 def render_seeds(docs: Path) -> str:
@@ -155,7 +171,9 @@ def render_seeds(docs: Path) -> str:
 
 
 RENDERERS = {"seed0-systems": render_seed0_systems, "seed0-claims": render_seed0_claims,
-             "seed0-timings": render_seed0_timings, "seeds": render_seeds}
+             "seed0-timings": render_seed0_timings, "lora-systems": _lora(render_seed0_systems),
+             "lora-claims": _lora(render_seed0_claims), "lora-timings": _lora(render_seed0_timings),
+             "seeds": render_seeds}
 
 
 def render_blocks(docs) -> dict[str, str]:

@@ -72,6 +72,9 @@ def _fake_run(d: Path, seed_shift: float = 0.0):
 README = ("intro\n<!-- demo-tables:seed0-systems -->\nold\n<!-- /demo-tables:seed0-systems -->\nmid\n"
           "<!-- demo-tables:seed0-claims -->\n<!-- /demo-tables:seed0-claims -->\n"
           "<!-- demo-tables:seed0-timings -->\nx\n<!-- /demo-tables:seed0-timings -->\n"
+          "<!-- demo-tables:lora-systems -->\n<!-- /demo-tables:lora-systems -->\n"
+          "<!-- demo-tables:lora-claims -->\n<!-- /demo-tables:lora-claims -->\n"
+          "<!-- demo-tables:lora-timings -->\n<!-- /demo-tables:lora-timings -->\n"
           "<!-- demo-tables:seeds -->\n<!-- /demo-tables:seeds -->\nend\n")
 
 
@@ -99,8 +102,15 @@ def test_publish_then_render_into_a_readme(tmp_path):
     assert (docs / "demo_seeds" / "seed4" / "claims.json").is_file() and (docs / "demo_seeds" / "summary.md").is_file()
     readme = docs / "demo.md"
     readme.write_text(README)
-    assert update_readme(readme, docs) == ["seed0-systems", "seed0-claims", "seed0-timings", "seeds"]
+    assert update_readme(readme, docs) == ["seed0-systems", "seed0-claims", "seed0-timings", "lora-systems",
+                                           "lora-claims", "lora-timings", "seeds"]
+    assert readme.read_text().count("No LoRA run is published yet") == 3
+    # the LoRA variant's run, published beside the full one, renders into its own blocks
+    _fake_run(tmp_path / "runs" / "demo_lora", 0.5)
+    publish(tmp_path / "runs" / "demo_lora", docs / "demo_lora")
+    assert update_readme(readme, docs) == ["lora-systems", "lora-claims", "lora-timings"]
     text = readme.read_text()
+    assert "No LoRA run" not in text and text.count("16.5 min in all") == 2 and "**+60.00 [+5.00, +15.00]**" in text
     assert text.startswith("intro\n") and "\nmid\n" in text and text.endswith("end\n") and "\nold\n" not in text
     assert "| MultiAgent-OPD (Stage II) | 9.00 [8.00, 10.00] | 9.50 [9.00, 10.00] | 1.00 [0.00, 2.00] |" in text
     assert "**+10.00 [+5.00, +15.00]**" in text and "16.5 min in all" in text
