@@ -93,8 +93,8 @@ def failed_recipes() -> Dict[str, str]:
 
 
 def failure_note() -> str:
-    """`` (recipe X failed to load: ...)`` when some did (appended to an unknown name's error, since
-    that recipe may have provided the name), else ``''``."""
+    """``"; recipe X failed to load (ERROR), it may provide it"`` for each recipe that failed (appended
+    to an unknown name's error, since that recipe may have provided the name); ``''`` when none did."""
     if not _failed:
         return ""
     return "".join(f"; recipe {n} failed to load ({err}), it may provide it" for n, err in _failed.items())
