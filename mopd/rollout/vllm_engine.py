@@ -112,7 +112,7 @@ GPU = Platform(cpu=False, sleep_mode=True)
 """A CUDA machine: the platform the colocated set-up is designed for."""
 
 CPU_KV_CACHE_BYTES = 1 << 30
-"""vLLM on a CPU: RAM for the KV cache (1 GiB: 524k tokens of the demo's tiny model in float32, ~7k of
+"""vLLM on a CPU: RAM for the KV cache (1 GiB: 524k tokens of a 2-layer, hidden-128 model in float32, ~7k of
 Qwen3-4B in bfloat16). vLLM's ``VLLM_CPU_KVCACHE_SPACE`` (GiB) replaces it when set."""
 
 
