@@ -184,13 +184,14 @@ def main(argv=None) -> int:
     model_dir = a.model or (str(DEFAULT_MODEL) if (DEFAULT_MODEL / "config.json").is_file() else fallback_model())
     if not Path(model_dir, "config.json").is_file():
         p.error(f"--model {model_dir}: not a model directory")
+    load_before = os.getloadavg()
     lora_res = run_variant(model_dir, a.rank, a.tokens, a.repeats, a.seed)
     full_res = run_variant(model_dir, 0, a.tokens, a.repeats, a.seed)
     ratio = {k: round(lora_res[k] / full_res[k], 4) for k in
              ("trainable_params", "param_bytes", "grad_bytes", "adamw_bytes", "state_bytes", "rss_peak_bytes",
               "step_s_median") if full_res[k]}
     out = {"model": Path(model_dir).name, "tokens": a.tokens, "repeats": a.repeats, "torch_threads":
-           torch.get_num_threads(), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(),
+           torch.get_num_threads(), "cpus": os.cpu_count(), "loadavg_before": load_before,
            "lora": lora_res, "full": full_res, "lora_over_full": ratio}
     out["loadavg_after"] = os.getloadavg()
     line = json.dumps(out)
