@@ -30,3 +30,6 @@ def test_gpu_check_dry_run(tmp_path):
         assert summary["timings"][key] is not None
     assert set(summary["targets"]) and all("met" in t for t in summary["targets"].values())
     assert (tmp_path / "kernels_gpu.log").read_text().count("PASS") >= 16
+    assert "PASS train_step\n" in out and "PASS train_step_lora" in out   # the full and the LoRA step
+    lora_step = json.loads((tmp_path / "train_step_lora.json").read_text())
+    assert lora_step["lora_rank"] == 16 and 0 < lora_step["trainable_params_m"] < lora_step["params_m"]

@@ -79,7 +79,7 @@ def test_a_lora_step_with_an_adapter_teacher_trains_the_adapter_alone(real_model
         t.close()
 
 
-def greedy(eng, prompts, new_tokens=MAX_OUTPUT):
+def greedy(eng, prompts, new_tokens=16):
     return [o[0].token_ids for o in eng.generate(
         [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=new_tokens)) for p in prompts])]
 
@@ -93,7 +93,7 @@ def test_a_lora_rollout_generates_what_the_base_with_pefts_adapter_does(real_mod
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
                                        return_dict=False)
                for q in ("Where was the band Radiohead formed?", "Name a river that flows through Paris.",
-                         "Who wrote the novel Dracula?", "What is the capital city of Australia?")]
+                         "Who wrote the novel Dracula?")]
     eng = build_engine(RolloutConfig(engine=engine(), max_input_tokens=MAX_INPUT, max_output_tokens=MAX_OUTPUT,
                                      seed=3), str(adapter), dtype="float32", device="cpu")
     try:
