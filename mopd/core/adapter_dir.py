@@ -77,3 +77,26 @@ def read_adapter_dir(path: str) -> AdapterDir:
                               "base_model_name_or_path in its config)")
     weights = base.get("weights")
     return AdapterDir(str(p), config, base_path, weights if isinstance(weights, str) else None)
+
+
+def adapter_of(model_path: str) -> Optional[AdapterDir]:
+    """The adapter in ``model_path`` when it is an adapter directory (None for a full model), after
+    checking the base it names: a local model directory whose weights are those the adapter was
+    trained over (compared by fingerprint, as a resume does; an adapter PEFT wrote alone carries none
+    and is taken at its word). One line (AdapterDirError) otherwise."""
+    if not is_adapter_dir(model_path):
+        return None
+    from mopd.core.fingerprint import model_fingerprint
+
+    adapter = read_adapter_dir(model_path)
+    base = Path(adapter.base_path).expanduser()
+    if not (base / "config.json").is_file():
+        raise AdapterDirError(f"{model_path} is an adapter over {adapter.base_path}, which is not a model directory "
+                              "here: put the base model there (or edit mopd_base.json), or evaluate a merged export "
+                              "(`mopd export RUN` without --adapter)")
+    have = model_fingerprint(base)["weights"]
+    if adapter.base_weights and have and have != adapter.base_weights:
+        raise AdapterDirError(f"{model_path} is an adapter over another base model (weights "
+                              f"{adapter.base_weights[:12]}; {adapter.base_path} has {have[:12]}): give it the base "
+                              "it was trained on, or evaluate a merged export")
+    return adapter

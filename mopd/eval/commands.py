@@ -108,7 +108,7 @@ def _run(args) -> int:
         raise UserError(f"--model {args.model}: no such model directory")
     from mopd.core.adapter_dir import AdapterDirError
     from mopd.core.model_dir import model_dir_problem
-    from mopd.rollout.engines import adapter_of
+    from mopd.core.adapter_dir import adapter_of
 
     try:   # an adapter directory (mopd export --adapter): evaluated over the base it names, checked
         adapter = adapter_of(args.model)

@@ -8,7 +8,7 @@ and :func:`build_engine` builds the one a config names.
   (``load_adapter``) over its base weights instead of the full weights.
 
 An adapter directory (PEFT's format, ``mopd export --adapter``) is a model too, for evaluation:
-:func:`adapter_of` reads it and checks its base (by the fingerprint of the base's weights); the HF
+:func:`mopd.core.adapter_dir.adapter_of` reads it and checks its base (by the fingerprint of the base's weights); the HF
 engine merges it into the base it names, the vLLM engine starts on that base with room for the
 adapter's rank and loads it.
 
@@ -25,7 +25,7 @@ import inspect
 from typing import Optional, Tuple
 
 from mopd.config import ENGINES, ConfigError, register_engine
-from mopd.core.adapter_dir import AdapterDir, AdapterDirError, is_adapter_dir, read_adapter_dir
+from mopd.core.adapter_dir import adapter_of
 
 
 def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
@@ -36,31 +36,6 @@ def evaluation_dtype(rollout_cfg, eval_cfg) -> str:
     return eval_cfg.engine_dtype(cuda=torch.cuda.is_available())
 
 
-def adapter_of(model_path: str) -> Optional[AdapterDir]:
-    """The adapter in ``model_path`` when it is an adapter directory (None for a full model), after
-    checking the base it names: a local model directory whose weights are those the adapter was
-    trained over (compared by fingerprint, as a resume does; an adapter PEFT wrote alone carries none
-    and is taken at its word). One line (AdapterDirError) otherwise."""
-    if not is_adapter_dir(model_path):
-        return None
-    from pathlib import Path
-
-    from mopd.core.fingerprint import model_fingerprint
-
-    adapter = read_adapter_dir(model_path)
-    base = Path(adapter.base_path).expanduser()
-    if not (base / "config.json").is_file():
-        raise AdapterDirError(f"{model_path} is an adapter over {adapter.base_path}, which is not a model directory "
-                              "here: put the base model there (or edit mopd_base.json), or evaluate a merged export "
-                              "(`mopd export RUN` without --adapter)")
-    have = model_fingerprint(base)["weights"]
-    if adapter.base_weights and have and have != adapter.base_weights:
-        raise AdapterDirError(f"{model_path} is an adapter over another base model (weights "
-                              f"{adapter.base_weights[:12]}; {adapter.base_path} has {have[:12]}): give it the base "
-                              "it was trained on, or evaluate a merged export")
-    return adapter
-
-
 def build_engine(rollout_cfg, model_path: str, *, dtype: str = "auto", device: Optional[str] = None,
                  trainer_model: Optional[Tuple[object, object]] = None, lora_rank: int = 0):
     """The engine named by ``rollout_cfg.engine`` for the model at ``model_path``.
@@ -68,7 +43,7 @@ def build_engine(rollout_cfg, model_path: str, *, dtype: str = "auto", device: O
     ``trainer_model``: ``(module, tokenizer)`` of a one-process trainer, offered to an engine that
     can sample from it (``capabilities.shares_trainer_model``); an engine that cannot loads
     ``model_path`` instead. ``device``: where an engine that places its own copy puts it.
-    ``model_path`` may be an adapter directory (:func:`adapter_of`); an engine then generates with
+    ``model_path`` may be an adapter directory (:func:`mopd.core.adapter_dir.adapter_of`); an engine then generates with
     the adapter over its base. ``lora_rank``: the rank of the trainer's LoRA adapters
     (``model.lora.rank``; 0: none). Only when it is positive is it passed on, as the builder's ``lora_rank`` keyword, so a builder without
     that keyword keeps working for full fine-tuning; with LoRA such a builder is refused.

@@ -70,7 +70,7 @@ class HFEngine:
         else:
             torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                            "float16": torch.float16}[dtype]
-        from mopd.rollout.engines import adapter_of
+        from mopd.core.adapter_dir import adapter_of
 
         adapter = adapter_of(path)
         base = adapter.base_path if adapter is not None else path
