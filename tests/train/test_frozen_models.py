@@ -89,7 +89,8 @@ def test_preflight_and_run_identity_know_the_reference(tiny_model_dir, stage1_di
     from mopd.train.preflight import PreflightError, check_training_inputs
     from mopd.train.run_dir import identity_differences, run_identity
 
-    base = {"model.path": tiny_model_dir, "data.train": qa_file, "retriever.index": "bundled"}
+    base = {"model.path": tiny_model_dir, "data.train": qa_file, "retriever.index": "bundled",
+            "trainer.questions_per_step": 8}   # the test file's 8 questions: a step deals each at most twice
     check_training_inputs(_cfg("outcome_searcher", **base, **{"reference.path": stage1_dir}))
     with pytest.raises(PreflightError, match="reference.path=.*does not exist"):
         check_training_inputs(_cfg("base_teacher", **base, **{"teacher.path": tiny_model_dir,

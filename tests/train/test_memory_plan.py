@@ -171,11 +171,9 @@ def test_cli_plan_for_8_h100_beside_a_retriever_fits_at_the_defaults(capsys):
 
 
 def test_the_trainer_takes_its_share_from_the_plan_of_its_gpu(monkeypatch, capsys):
-    import types
 
     from mopd.config import ConfigError
     from mopd.train.memory_plan import rollout_config_for_gpu
-    from mopd.train.trainer import PolicyTrainer
 
     calls = []
     # an 80 GiB GPU: this process's allocator holds 10 GiB, a retriever 6 more, 64 free
@@ -190,13 +188,16 @@ def test_the_trainer_takes_its_share_from_the_plan_of_its_gpu(monkeypatch, capsy
     for kept in (resolve("mopd", [f"model.path={QWEN}", "rollout.engine=vllm", "rollout.gpu_memory_utilization=0.5"]),
                  resolve("mopd", [f"model.path={QWEN}"])):                                  # set, or the HF engine
         assert rollout_config_for_gpu(kept, world=8) == (kept.rollout, "")
-    fake = types.SimpleNamespace(cfg=cfg, world=8, rank=0, device=torch.device("cuda", 0))
-    assert PolicyTrainer._engine_rollout_config(fake).gpu_memory_utilization == 0.76
-    assert calls == ["empty_cache"] and fake.memory_note == line and "0.76" in capsys.readouterr().err
+    from mopd.train.engine_setup import engine_rollout_config
+
+    where = dict(device=torch.device("cuda", 0), world=8, rank=0)
+    chosen, note = engine_rollout_config(cfg, **where)
+    assert chosen.gpu_memory_utilization == 0.76
+    assert calls == ["empty_cache"] and note == line and "0.76" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (14 * GIB, 24 * GIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 10 * GIB)
     with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization: no room for vLLM on this GPU.*KV cache"):
-        PolicyTrainer._engine_rollout_config(fake)
+        engine_rollout_config(cfg, **where)
 
 
 def test_lora_stage2_on_qwen3_4b_fits_one_80gb_gpu_where_full_fine_tuning_does_not(capsys, tmp_path):
