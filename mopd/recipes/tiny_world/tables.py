@@ -82,10 +82,21 @@ def _publish_one(run: Path, dest: Path) -> None:
         _copy_report(run / "report_dev", dest / "dev")
 
 
+VIEW_LINK = re.compile(r"\[([^\]]*)\]\(view\.html#[^)]*\)")
+"""A report's link into the viewer page beside it (``mopd eval report``'s question lists)."""
+VIEW_SENTENCE = ("the links open `view.html` beside this report, written by",
+                 "the run's own report links each to `view.html` beside it (not kept in this published copy), "
+                 "written by")
+
+
 def _copy_report(report: Path, dest: Path) -> None:
     for name in REPORT_FILES:
         if (report / name).is_file():
             shutil.copy2(report / name, dest / name)
+    md = dest / "report.md"
+    if md.is_file() and "](view.html#" in (text := md.read_text(encoding="utf-8")):
+        # the viewer page (megabytes of inlined records) is not published: its links would dangle
+        md.write_text(VIEW_LINK.sub(r"\1", text).replace(*VIEW_SENTENCE), encoding="utf-8")
     for png in sorted(report.glob("*.png")):
         shutil.copy2(png, dest / png.name)
 

@@ -107,7 +107,13 @@ def test_publish_then_render_into_a_readme(tmp_path):
     assert readme.read_text().count("No LoRA run is published yet") == 3
     # the LoRA variant's run, published beside the full one, renders into its own blocks
     _fake_run(tmp_path / "runs" / "demo_lora", 0.5)
+    lora_md = tmp_path / "runs" / "demo_lora" / "report" / "report.md"
+    lora_md.write_text(lora_md.read_text() + "Differ most; the links open `view.html` beside this report, written by "
+                       "`mopd view`:\n| a | [q-1](view.html#q=a/q-1) (-100), [q-2](view.html#q=a/q-2) (+75) |\n")
     publish(tmp_path / "runs" / "demo_lora", docs / "demo_lora")
+    published = (docs / "demo_lora" / "report.md").read_text()
+    assert "view.html#" not in published and "| a | q-1 (-100), q-2 (+75) |" in published
+    assert "links each to `view.html` beside it (not kept in this published copy), written by `mopd view`" in published
     assert update_readme(readme, docs) == ["lora-systems", "lora-claims", "lora-timings"]
     text = readme.read_text()
     assert "No LoRA run" not in text and text.count("16.5 min in all") == 2 and "**+60.00 [+5.00, +15.00]**" in text
