@@ -151,7 +151,7 @@ def load_frozen_adapter(model: nn.Module, adapter_dir: str, name: str) -> None:
         inject_adapter_in_model(cfg, model, adapter_name=name)
     except ValueError as e:
         raise LoraError(f"{adapter_dir}: its target modules do not fit this model: {_first_line(e)}") from None
-    state = {k[len(PEFT_PREFIX):] if k.startswith(PEFT_PREFIX) else k: v for k, v in load_adapter_weights(adapter_dir).items()}
+    state = {k.removeprefix(PEFT_PREFIX): v for k, v in load_adapter_weights(adapter_dir).items()}
     result = set_peft_model_state_dict(model, state, adapter_name=name)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     if unexpected:

@@ -221,6 +221,21 @@ class PackedCausalLM(nn.Module):
         return loss(hidden, weight, batch.targets, batch.loss_inputs(), normalizer)
 
 
+def policy_loss_head(cfg):
+    """The fused PPO/OPD loss with this run's hyperparameters (role specs, clip, temperature). A
+    training run is a long job: the compiled CPU row pass is worth its first-call compilation
+    (``MOPD_KERNELS_COMPILE=0`` keeps the eager one), so a trainer turns it on when it is built (a
+    process-wide setting of ``mopd_kernels``; never flipped inside the loop)."""
+    from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, set_compiled_cpu_rows
+
+    from mopd.algo.advantages import role_specs
+
+    set_compiled_cpu_rows(True)
+    return FusedLinearPolicyLoss(PolicyLossSettings(
+        role_specs=tuple(role_specs(cfg.algo)), clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high,
+        dual_clip=cfg.algo.dual_clip, temperature=cfg.rollout.temperature))
+
+
 def master_dtype(name: str, device: torch.device, sharded: bool) -> torch.dtype:
     """The dtype the trainer loads (and AdamW updates) its parameters in.
 

@@ -21,7 +21,6 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from mopd_kernels import FusedLinearPolicyLoss, PolicyLossSettings, set_compiled_cpu_rows
 from mopd_kernels.kl import kl_penalty
 from tqdm import tqdm
 
@@ -44,7 +43,8 @@ from mopd.train.validator import Validator
 from mopd.train.distributed import all_reduce, init_distributed, leave_process_group, rank_and_world
 from mopd.train.metrics_log import MetricsLogger, plot_training
 from mopd.train.model_checks import model_notices
-from mopd.train.model import PackedCausalLM, load_causal_lm, policy_dtype, resolve_dtype, shard_model
+from mopd.train.model import (PackedCausalLM, load_causal_lm, policy_dtype, policy_loss_head, resolve_dtype,
+                              shard_model)
 from mopd.train.packing import PackedBatch
 from mopd.train.interrupts import StopSignals
 from mopd.train.memory_plan import shard_frozen_models
@@ -92,7 +92,7 @@ class PolicyTrainer:
                         root=self.policy)
         elif cfg.model.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.loss = _loss_head(cfg)
+        self.loss = policy_loss_head(cfg)
 
         # Replicated in bf16 on every GPU when the memory plan fits that way (no all-gathers while scoring).
         self.frozen_sharded = self.sharded and shard_frozen_models(cfg, self.world)
@@ -145,7 +145,8 @@ class PolicyTrainer:
 
     def refresh_engine(self) -> None:
         """The updated weights into the engine, streamed one parameter at a time, then its cache."""
-        self.last_sync = refresh_engine(self.engine, self.model, resolve_dtype(self.cfg.model.dtype, self.device))
+        dtype = resolve_dtype(self.cfg.model.dtype, self.device)
+        self.last_sync = refresh_engine(self.engine, self.model, dtype)
 
     # ------------------------------------------------------------------ checkpoints (mopd.train.checkpointer)
     def save(self) -> Path:
@@ -287,7 +288,8 @@ class PolicyTrainer:
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             applied = bool(torch.isfinite(loss_sum)) and bool(torch.isfinite(grad_norm))
             if applied:
-                self.checkpoints.weights_moved = True    # before: a cut optimizer step leaves weights half-updated
+                # before: a cut optimizer step leaves weights half-updated
+                self.checkpoints.weights_moved = True
                 self.optimizer.step()
                 self.bad_steps = 0
             else:
@@ -303,7 +305,8 @@ class PolicyTrainer:
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
             self.optimizer.zero_grad(set_to_none=True)
             bad, at = self.bad_steps, self.step + 1
-            path = self.checkpoints.save_finished()   # the last finished step's, this one's questions dealt again
+            # the last finished step's checkpoint, this one's questions dealt again
+            path = self.checkpoints.save_finished()
             kept = f"checkpoint {path}" if path is not None else \
                 f"an update of step {at} was applied before, so it is not saved: {self.checkpoints.kept_line()}"
             raise TrainingError(f"{bad} non-finite updates in a row in step {at}; stopped ({kept}). "
@@ -315,7 +318,8 @@ class PolicyTrainer:
         if not any(r.needs_judge for r in role_reward_objects(self.cfg.reward).values()):
             return None, 0
 
-        scores, unparsable = judge_reports(self.engine, self.tokenizer, judge_items(records), seed=self._step_seed())
+        scores, unparsable = judge_reports(self.engine, self.tokenizer, judge_items(records),
+                                           seed=self._step_seed())
         return verdicts_by_call(scores), unparsable
 
     def _kl_in_reward(self) -> bool:
@@ -378,7 +382,8 @@ class PolicyTrainer:
                 bar.close()
             self._bar = None
         if stop is not None:   # the last finished step saved, and one line saying what was kept
-            self.checkpoints.stop(stop, validation_owed=lambda: bool(self.dev_questions) and self.validator.due(target))
+            self.checkpoints.stop(stop, validation_owed=lambda: bool(self.dev_questions)
+                                  and self.validator.due(target))
         if self.rank == 0:
             plot_training(self.run_dir)
         return last
@@ -451,16 +456,6 @@ class PolicyTrainer:
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()
-
-
-def _loss_head(cfg: Config):
-    """The fused PPO/OPD loss with this run's hyperparameters (role specs, clip, temperature). A
-    training run is a long job: the compiled CPU row pass is worth its first-call compilation
-    (``MOPD_KERNELS_COMPILE=0`` keeps the eager one)."""
-    set_compiled_cpu_rows(True)
-    return FusedLinearPolicyLoss(PolicyLossSettings(
-        role_specs=tuple(role_specs(cfg.algo)), clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high,
-        dual_clip=cfg.algo.dual_clip, temperature=cfg.rollout.temperature))
 
 
 def _stderr_line(line: str) -> None:

@@ -142,7 +142,7 @@ def test_a_kl_loss_term_on_a_role_trains_towards_the_reference(tiny_model_dir, s
 
     from mopd.core.roles import role_id
     from mopd.rollout.run_state import WorkflowSettings
-    from mopd.train.trainer import _loss_head
+    from mopd.train.model import policy_loss_head
 
     t = _trainer("cmas_rl", tiny_model_dir, qa_file, tmp_path / "run",
                  **{"algo.answerer.kl_coef": 0.5, "reference.path": stage1_dir})
@@ -154,7 +154,7 @@ def test_a_kl_loss_term_on_a_role_trains_towards_the_reference(tiny_model_dir, s
     no_kl = dataclasses.replace(t.cfg.algo, roles={**t.cfg.algo.roles, "answerer": dataclasses.replace(t.cfg.algo.role("answerer"), kl_coef=0.0)})
     with torch.no_grad():
         with_term, stats = t.policy(b, t.loss, normalizer=1.0)
-        without, _ = t.policy(b, _loss_head(dataclasses.replace(t.cfg, algo=no_kl)), normalizer=1.0)
+        without, _ = t.policy(b, policy_loss_head(dataclasses.replace(t.cfg, algo=no_kl)), normalizer=1.0)
     a = stats[role_id("answerer")]
     answerer_kl = float(a["kl"]) * float(a["tokens"])                   # its k3 sum over Answerer tokens
     assert answerer_kl > 0
