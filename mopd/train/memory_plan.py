@@ -214,12 +214,18 @@ def _frozen_models(cfg) -> list[str]:
 
 def _adapter_frozen(cfg) -> list[str]:
     """LoRA runs: the frozen models that are views of the policy's base, not copies (``mopd.train.
-    teacher``): the base itself, an adapter directory, or a teacher not yet named (the LoRA
-    pipeline's Stage II takes the Stage-I adapter). What a plan cannot tell from a path (a Hub id
-    that is not the base) is counted as a copy."""
+    teacher``): the base itself, an adapter directory, or a teacher not yet named or not yet written
+    (a LoRA pipeline's Stage II takes the Stage-I adapter, which its dry run plans before it exists).
+    What a plan cannot tell from a path (a Hub id that is not the base) is counted as a copy."""
     from mopd.core.adapter_dir import is_adapter_dir
 
-    return [p for p in _frozen_models(cfg) if p == cfg.model.path or not p or is_adapter_dir(p)]
+    def unwritten_local(p: str) -> bool:   # a local path (not a Hub id "org/name") that is not there yet
+        return not Path(p).expanduser().exists() and (p.startswith(("/", ".", "~")) or p.count("/") >= 2)
+
+    def view(p: str) -> bool:
+        return p == cfg.model.path or not p or is_adapter_dir(p) or unwritten_local(p)
+
+    return [p for p in _frozen_models(cfg) if view(p)]
 
 
 def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config: dict | None = None,

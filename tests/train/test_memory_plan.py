@@ -236,3 +236,9 @@ def test_lora_parameters_and_state_are_counted_from_the_shape():
                                     "teacher.path=Qwen/Qwen3-4B-Instruct-2507-other"])
     plan = plan_memory(full_teacher, gpu_gib=80, world=1, frozen_configs=[load_model_config("Qwen/Qwen3-4B-Instruct-2507")])
     assert any(i.name.startswith("teacher/reference") for i in plan.training)
+    # a LoRA pipeline plans Stage II before Stage I has written the adapter its teacher will be
+    for unwritten in ("runs/paper/stage1/export_adapter", "/nowhere/stage1/export_adapter"):
+        planned = resolve("mopd", ["model.path=Qwen/Qwen3-4B-Instruct-2507", "model.lora.rank=16",
+                                   f"teacher.path={unwritten}"])
+        assert plan_memory(planned, gpu_gib=80, world=1).teacher_placement.startswith("a view of the policy's base")
+
