@@ -103,10 +103,10 @@ def main():
     seen = []
     real_loss = ops.fused_linear_policy_loss
 
-    def recording_loss(hidden, weight, targets, inputs, settings, normalizer=None):
+    def recording_loss(hidden, weight, targets, inputs, settings, normalizer=None, bias=None):
         seen.append({"hidden": hidden.dtype, "weight": weight.dtype, "old": inputs.old_logp,
                      "adv": inputs.advantages, "teacher": inputs.teacher_logp})
-        return real_loss(hidden, weight, targets, inputs, settings, normalizer)
+        return real_loss(hidden, weight, targets, inputs, settings, normalizer, bias)
 
     ops.fused_linear_policy_loss = recording_loss
     lm, _ = load_causal_lm(model_dir, dtype=model_lib.master_dtype("auto", cpu, sharded=True), device=cpu,
