@@ -309,11 +309,13 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer, verify: bool = Tr
     return json.loads(state_file.read_text())
 
 
-def load_model_weights(path: str | os.PathLike, model) -> None:
-    """Load only the model weights of the checkpoint at ``path`` (verified) into ``model``, sharded
-    or not; every rank calls it (how a trainer exports its best-validation checkpoint)."""
+def load_model_weights(path: str | os.PathLike, model, verify: bool = True) -> None:
+    """Load only the model weights of the checkpoint at ``path`` (verified, unless the caller just
+    did) into ``model``, sharded or not; every rank calls it (how a trainer exports its
+    best-validation checkpoint, and ``mopd export`` any checkpoint)."""
     path = Path(path)
-    _require_verified(path)
+    if verify:
+        _require_verified(path)
     state = {"model": trained_state_dict(model)}
     try:
         dcp_load(state, path)

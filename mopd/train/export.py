@@ -22,16 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mopd.core.model_dir import model_dir_problem, remote_code_trusted
 from mopd.train import lora as lora_mod
-from mopd.train.checkpoint import (STEP_DIR, TRAINED_LOAD, CheckpointError, barrier, rank,
-                                   list_checkpoints, select_checkpoint, trained_state_dict)
+from mopd.train.checkpoint import (STEP_DIR, CheckpointError, barrier, rank,
+                                   list_checkpoints, load_model_weights, select_checkpoint)
 from mopd.train.export_target import (EXPORT_MARKER, NEW_PREFIX, ExportTargetError, check_export_target,
                                       install_export, marker, repair_export, run_of)
-from mopd.train.safe_load import UnsafeCheckpointFile, dcp_load
 
 
 def full_model_state_dict(model) -> dict:
@@ -202,12 +201,7 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     for n in notes:
         log(n)
     log(f"exporting {ckpt}")
-    state = {"model": trained_state_dict(model)}
-    try:
-        dcp_load(state, ckpt)
-    except UnsafeCheckpointFile as e:
-        raise CheckpointError(str(e)) from None
-    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
+    load_model_weights(ckpt, model, verify=False)   # select_checkpoint verified it
     step = STEP_DIR.match(ckpt.name)
     source = marker(run, str(ckpt.resolve()), int(step.group(1)) if step else None)
     if lora is None:
