@@ -12,7 +12,6 @@ import string
 import pytest
 
 from mopd.cli import main
-from mopd.core.records import SCHEMA_VERSION
 from mopd.eval.tables import question_link
 from mopd.view.page_data import build_page_data
 from mopd.view.sources import model_dir_of, open_source
