@@ -15,6 +15,7 @@ that depend only on the mask (and on counts over the global batch): the fused lo
 | ``token-sum`` | ``dp`` | verl |
 | ``seq-mean-token-sum`` | ``dp / S`` | verl |
 | ``seq-mean-token-sum-norm`` | ``dp / (S loss_scale_factor)`` (factor default ``T``) | verl, Dr. GRPO |
+| ``luspo`` | ``1 / B`` | TRL ``luspo`` (each sequence's token sum, averaged over the micro-batch's B rows) |
 
 ``N`` is ``global_tokens`` (default: the micro-batch's ``sum m``), ``S`` is ``global_sequences``
 (default: its sequences with at least one token), ``dp`` the data-parallel size (each rank's loss
@@ -29,7 +30,7 @@ from typing import Optional
 import torch
 
 AGGREGATIONS = ("grpo", "seq-mean-token-mean", "bnpo", "token-mean", "dr_grpo", "token-sum", "seq-mean-token-sum",
-                "seq-mean-token-sum-norm")
+                "seq-mean-token-sum-norm", "luspo")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ def token_weights(mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
         w = torch.full_like(lengths, 1.0 / (B * aggregation.max_completion_length))
     elif mode == "token-sum":
         w = torch.full_like(lengths, dp)
+    elif mode == "luspo":
+        w = torch.full_like(lengths, 1.0 / max(B, 1))
     elif mode == "seq-mean-token-sum":
         w = dp / sequences * torch.ones_like(lengths)
     else:  # seq-mean-token-sum-norm

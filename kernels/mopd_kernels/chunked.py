@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import torch
 
 from mopd_kernels.inputs import LossInputs
+from mopd_kernels.logit_map import LogitMap, as_logit_map
 from mopd_kernels.settings import PolicyLossSettings
 from mopd_kernels.terms import token_terms
 
@@ -166,16 +167,14 @@ class TorchRowPass:
             Et = torch.exp(Lt, out=self._buf("E", min(c, EXP_TILE_ROWS), V, L.device)[: Lt.shape[0]])
             yield slice(a, a + Lt.shape[0]), Lt, Et
 
-    def _shifted(self, z: torch.Tensor, inv_t: float) -> torch.Tensor:
-        """``s = z * inv_t`` in fp32 (in place on ``z`` when it is fp32)."""
+    def _shifted(self, z: torch.Tensor, lmap: LogitMap) -> torch.Tensor:
+        """``s = lmap(z)`` in fp32 (in place on ``z`` when it is fp32): ``z * inv_t``, or the soft cap."""
         L = z if z.dtype == torch.float32 else self._buf("L", z.shape[0], z.shape[1], z.device).copy_(z)
-        if inv_t != 1.0:
-            L.mul_(inv_t)
-        return L
+        return lmap.apply_(L)
 
-    def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t: float,
+    def _softmax(self, z: torch.Tensor, targets: torch.Tensor, inv_t,
                  with_entropy: bool = True) -> "ChunkSoftmax":
-        L = self._shifted(z, inv_t)
+        L = self._shifted(z, as_logit_map(inv_t))
         V = z.shape[1]
         valid = (targets >= 0) & (targets < V)
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
@@ -192,7 +191,8 @@ class TorchRowPass:
         return ChunkSoftmax(L, lse, logp, entropy, valid, safe)
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
-        """Log-prob, entropy (skipped when ``out_entropy`` is None) and lse of each row of the chunk."""
+        """Log-prob, entropy (skipped when ``out_entropy`` is None) and lse of each row of the chunk;
+        ``inv_t`` is ``1 / temperature`` or a ``LogitMap`` (scale and soft cap too)."""
         sm = self._softmax(z, targets, inv_t, with_entropy=out_entropy is not None)
         out_logp.copy_(sm.logp)
         if out_entropy is not None:
@@ -206,44 +206,71 @@ class TorchRowPass:
             return G
         return z.copy_(G)
 
-    def _exp_times(self, L: torch.Tensor, a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-        """``exp(L) * (a + b L)`` per row, in place on ``L`` (``b`` None: ``exp(L) * a``)."""
-        if b is None:
+    def _exp_times(self, L: torch.Tensor, a: torch.Tensor, b: Optional[torch.Tensor],
+                   capped: Optional[Tuple[LogitMap, torch.Tensor]] = None) -> torch.Tensor:
+        """``exp(L) * (a + b L)`` per row, in place on ``L`` (``b`` None: ``exp(L) * a``). ``capped``
+        ``(lmap, lse)``: times the soft cap's slope ``1 - (s / cap)^2`` at ``s = L + lse``, made in the
+        same tiles from ``L`` before it is overwritten (one more tile buffer)."""
+        if capped is None and b is None:
             return L.exp_().mul_(a.unsqueeze(1))
         for rows, Lt, Et in self._tiles(L):
-            torch.addcmul(a[rows].unsqueeze(1), Lt, b[rows].unsqueeze(1), out=Lt).mul_(Et)  # (a + b L) e^L
+            if capped is not None:
+                lmap, lse = capped
+                Ft = self._buf("F", min(L.shape[0], EXP_TILE_ROWS), L.shape[1], L.device)[: Lt.shape[0]]
+                lmap.slope_(torch.add(Lt, lse[rows].unsqueeze(1), out=Ft))
+            if b is None:
+                Lt.copy_(Et).mul_(a[rows].unsqueeze(1))
+            else:
+                torch.addcmul(a[rows].unsqueeze(1), Lt, b[rows].unsqueeze(1), out=Lt).mul_(Et)  # (a + b L) e^L
+            if capped is not None:
+                Lt.mul_(Ft)
         return L
 
     def policy_loss(self, z, targets, inputs: LossInputs, settings: PolicyLossSettings, out_logp, out_entropy,
                     write_grad: bool):
         """Log-probs and entropies of the chunk into ``out_*``; with ``write_grad``, the logits
         gradient of the chunk's summed token losses (``inputs`` are the chunk's rows)."""
-        sm = self._softmax(z, targets, 1.0 / settings.temperature)
+        lmap = settings.logit_map
+        sm = self._softmax(z, targets, lmap)
         out_logp.copy_(sm.logp)
         out_entropy.copy_(sm.entropy)
         if not write_grad:
             return None
         t = token_terms(sm.logp, sm.entropy, inputs, settings)
-        return self._grad_from_log_p(z, sm, t["g_logp"], t["g_entropy"], settings.has_entropy_term)
+        return self._grad_from_log_p(z, sm, (t["g_logp"], t["g_entropy"]), settings.has_entropy_term, lmap)
 
-    def _grad_from_log_p(self, z, sm: "ChunkSoftmax", g_logp, g_entropy, has_entropy_term: bool):
+    def _grad_from_log_p(self, z, sm: "ChunkSoftmax", g, has_entropy_term: bool, lmap: LogitMap):
         # dlogits_j = p_j (a + b log p_j) + g_logp [j == y],  a = -g_logp - g_H H,  b = -g_H
+        # (each times the soft cap's slope at s_j with a cap)
+        g_logp, g_entropy = g
         g_logp = torch.where(sm.valid, g_logp, torch.zeros_like(g_logp))  # logp is the constant 0 there
         a = -g_logp - g_entropy * sm.entropy
-        G = self._exp_times(sm.L, a, -g_entropy if has_entropy_term else None)
-        return self._finish(z, G, g_logp, sm.valid, sm.safe)
+        return self._write(z, sm.L, (a, -g_entropy if has_entropy_term else None), g_logp,
+                           (lmap, sm.lse, sm.valid, sm.safe))
+
+    def _write(self, z, L, coefs, g_logp, where):
+        """The gradient ``p (a + b log p) + g_logp [j == y]`` over ``L = log p``, times the cap's slope
+        with a cap (at the target too), handed back in the matmul dtype. ``where``: ``(lmap, lse,
+        valid, safe)``."""
+        lmap, lse, valid, safe = where
+        a, b = coefs
+        if lmap.capped:
+            s_y = L.gather(1, safe).squeeze(1) + lse  # the target's mapped logit, before L is overwritten
+            g_logp = g_logp * lmap.slope_(s_y)
+        G = self._exp_times(L, a, b, (lmap, lse) if lmap.capped else None)
+        return self._finish(z, G, g_logp, valid, safe)
 
     def logprobs_grad(self, z, targets, inv_t, lse, entropy, g_logp, g_entropy):
         # dlogits_j = p_j (-g_logp - g_H (log p_j + H)) + g_logp [j == y],  log p_j = s_j - lse
         #           = p_j (a + b log p_j)  with  a = -g_logp - g_H H,  b = -g_H
         V = z.shape[1]
+        lmap = as_logit_map(inv_t)
         valid = (targets >= 0) & (targets < V)
         safe = torch.where(valid, targets, torch.zeros_like(targets)).long().unsqueeze(1)
         g_logp = torch.where(valid, g_logp, torch.zeros_like(g_logp))  # logp is the constant 0 there
-        L = self._shifted(z, inv_t)
+        L = self._shifted(z, lmap)
         L.sub_(lse.unsqueeze(1))  # log p
-        G = self._exp_times(L, -g_logp - g_entropy * entropy, -g_entropy)
-        return self._finish(z, G, g_logp, valid, safe)
+        return self._write(z, L, (-g_logp - g_entropy * entropy, -g_entropy), g_logp, (lmap, lse, valid, safe))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,14 +286,30 @@ class ChunkLoop:
     row_pass: Any  # TorchRowPass or triton_kernels.TritonRowPass
     temperature: float
     chunk_rows: Optional[int] = None
+    logit_scale: float = 1.0
+    """The lm head's logit scale (``logit_map``)."""
+    logit_softcap: Optional[float] = None
+    """The lm head's tanh soft cap (``logit_map``); None: none."""
+
+    @property
+    def logit_map(self) -> LogitMap:
+        """What the row pass does to a logit: scale, soft cap, temperature (``logit_map.LogitMap``)."""
+        return LogitMap.of(self.temperature, self.logit_scale, self.logit_softcap)
 
     @property
     def inv_t(self) -> float:
-        return 1.0 / self.temperature
+        """The constant factor of ``ds/dz`` (``scale / temperature``), folded into the gradient matmuls."""
+        return self.logit_map.inv_t
 
     def rows_per_chunk(self, n_rows: int, hidden: torch.Tensor, V: int) -> int:
         return chunk_rows_for(n_rows, V, self.row_pass.bytes_per_logit(hidden.dtype), hidden.device,
                               self.chunk_rows, H=hidden.shape[1], element_size=hidden.element_size())
+
+
+def settings_loop(row_pass, settings: PolicyLossSettings) -> ChunkLoop:
+    """The chunk loop of a loss: its row pass, the settings' temperature, logit head and chunk rows."""
+    return ChunkLoop(row_pass, settings.temperature, settings.chunk_rows, settings.logit_scale,
+                     settings.logit_softcap)
 
 
 @dataclass(frozen=True)
@@ -326,7 +369,7 @@ def logprobs_forward(hidden, weight, targets, loop: ChunkLoop, with_entropy: boo
     for s in range(0, T, C):
         e = min(T, s + C)
         z = chunk_logits(hidden[s:e], wt, bias, buf[: e - s])
-        loop.row_pass.stats(z, targets[s:e], loop.inv_t, logp[s:e], entropy[s:e] if with_entropy else None,
+        loop.row_pass.stats(z, targets[s:e], loop.logit_map, logp[s:e], entropy[s:e] if with_entropy else None,
                             lse[s:e])
     return logp, entropy, lse
 
@@ -349,14 +392,14 @@ def logprobs_backward(grad_outputs: Tuple[torch.Tensor, torch.Tensor], hidden, w
     g_logp, g_ent = (g.float() for g in grad_outputs)
     C = loop.rows_per_chunk(T, hidden, V)
     buf = _logits_buffer(C, V, hidden)
-    inv_t = loop.inv_t
-    alpha = inv_t * grads.scale
+    lmap = loop.logit_map
+    alpha = lmap.inv_t * grads.scale
     wt = weight.t()
     for s in range(0, T, C):
         e = min(T, s + C)
         h_c = hidden[s:e]
         z = chunk_logits(h_c, wt, bias, buf[: e - s])
-        dl = loop.row_pass.logprobs_grad(z, targets[s:e], inv_t, lse[s:e], entropy[s:e], g_logp[s:e],
+        dl = loop.row_pass.logprobs_grad(z, targets[s:e], lmap, lse[s:e], entropy[s:e], g_logp[s:e],
                                          g_ent[s:e])
         if grads.hidden:
             grad_h[s:e].addmm_(dl, weight, beta=0.0, alpha=alpha)
@@ -409,7 +452,7 @@ def policy_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Poli
     grad_b = _bias_grad(bias, grads.bias)
     if n == 0:
         return PolicyLossPass(index, logp, entropy, grad_h, grad_w, _bias_out(grad_b, bias))
-    loop = ChunkLoop(row_pass, settings.temperature, settings.chunk_rows)
+    loop = settings_loop(row_pass, settings)
     C = loop.rows_per_chunk(n, hidden, V)
     buf = _logits_buffer(C, V, hidden)
     alpha = loop.inv_t * (grads.scale if grads.scale is not None else 1.0 / n)
@@ -443,7 +486,7 @@ def sequence_loss_pass(hidden, weight, targets, inputs: LossInputs, settings: Po
     index, n = _trained_rows(inputs, T)
     h_a = hidden if index is None else hidden.index_select(0, index)
     targets_a = targets if index is None else targets.index_select(0, index)
-    loop = ChunkLoop(row_pass, settings.temperature, settings.chunk_rows)
+    loop = settings_loop(row_pass, settings)
     logp, entropy, lse = logprobs_forward(h_a, weight, targets_a, loop, with_entropy=True, bias=bias)
     grad_h = torch.zeros_like(hidden) if grads.hidden else None
     grad_w = torch.zeros_like(weight) if grads.weight else None

@@ -41,6 +41,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mopd_kernels.chunked import TorchRowPass
+from mopd_kernels.logit_map import LogitMap, as_logit_map
 from mopd_kernels.terms import token_terms
 
 COMPILED_MIN_VOCAB = 8192
@@ -69,10 +70,20 @@ def exp_nonpositive(x: torch.Tensor) -> torch.Tensor:
     return exp_r * ((n.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
-def softmax_sums(z: torch.Tensor, inv_t: torch.Tensor, with_entropy: bool):
-    """Per row of ``s = z * inv_t`` (fp32): ``m = max s``, ``d = sum exp(s - m)`` and, with the
-    entropy, ``sum exp(s - m) (s - m)`` (else None). ``z`` [C, V] any float dtype, ``inv_t`` 0-d fp32."""
-    s = z.float() * inv_t
+def mapped_logits(z: torch.Tensor, inv_t: torch.Tensor, cap=None) -> torch.Tensor:
+    """``s`` of a chunk in fp32: ``z * inv_t``, or with ``cap = (pre, c)`` (0-d fp32 tensors) the soft
+    cap ``c tanh(z pre)`` (``logit_map.LogitMap``)."""
+    if cap is None:
+        return z.float() * inv_t
+    pre, c = cap
+    return torch.tanh(z.float() * pre) * c
+
+
+def softmax_sums(z: torch.Tensor, inv_t: torch.Tensor, with_entropy: bool, cap=None):
+    """Per row of ``s = z * inv_t`` (fp32; ``mapped_logits``, soft-capped with ``cap``): ``m = max s``,
+    ``d = sum exp(s - m)`` and, with the entropy, ``sum exp(s - m) (s - m)`` (else None). ``z`` [C, V]
+    any float dtype, ``inv_t`` 0-d fp32."""
+    s = mapped_logits(z, inv_t, cap)
     m = s.amax(dim=1, keepdim=True)
     L = s - m
     e = exp_nonpositive(L)
@@ -81,13 +92,19 @@ def softmax_sums(z: torch.Tensor, inv_t: torch.Tensor, with_entropy: bool):
 
 
 def write_logit_grads(z: torch.Tensor, inv_t: torch.Tensor, lse: torch.Tensor, a: torch.Tensor,
-                      b: torch.Tensor, target: torch.Tensor, g: torch.Tensor) -> None:
-    """``z[i, j] <- p_ij (a_i + b_i log p_ij) + g_i [j == target_i]`` in place, ``log p = z * inv_t - lse``
-    computed in fp32 and stored in ``z``'s dtype (all but ``z``: fp32 [C], ``target`` int64 [C])."""
-    log_p = z.float() * inv_t - lse.unsqueeze(1)
+                      b: torch.Tensor, target: torch.Tensor, g: torch.Tensor, cap=None) -> None:
+    """``z[i, j] <- p_ij (a_i + b_i log p_ij) + g_i [j == target_i]`` in place, ``log p = s - lse``
+    (``s = mapped_logits(z, inv_t, cap)``) computed in fp32 and stored in ``z``'s dtype; with a soft
+    cap each entry is times its slope ``1 - (s / c)^2`` (all but ``z``: fp32 [C], ``target`` int64 [C])."""
+    s = mapped_logits(z, inv_t, cap)
+    log_p = s - lse.unsqueeze(1)
     cols = torch.arange(z.shape[1], device=z.device)
     onehot = torch.where(cols == target.unsqueeze(1), g.unsqueeze(1), 0.0)
-    z.copy_(exp_nonpositive(log_p) * (a.unsqueeze(1) + b.unsqueeze(1) * log_p) + onehot)
+    grad = exp_nonpositive(log_p) * (a.unsqueeze(1) + b.unsqueeze(1) * log_p) + onehot
+    if cap is not None:
+        t = s / cap[1]
+        grad = grad * (1.0 - t * t)
+    z.copy_(grad)
 
 
 _COMPILED = {}
@@ -159,17 +176,23 @@ class CompiledRowPass(TorchRowPass):
 
     def __init__(self):
         super().__init__()
-        self._inv_t = {}
+        self._scalars = {}
 
     def uses_compiled(self, z: torch.Tensor) -> bool:
         return (z.device.type == "cpu" and z.shape[1] >= COMPILED_MIN_VOCAB and compile_enabled()
                 and not torch.compiler.is_compiling() and not _dispatch_mode_active())
 
-    def _inv_t_tensor(self, inv_t: float) -> torch.Tensor:
-        t = self._inv_t.get(inv_t)
+    def _scalar(self, x: float) -> torch.Tensor:
+        t = self._scalars.get(x)
         if t is None:
-            t = self._inv_t[inv_t] = torch.tensor(inv_t, dtype=torch.float32)
+            t = self._scalars[x] = torch.tensor(x, dtype=torch.float32)
         return t
+
+    def _map_args(self, lmap: LogitMap):
+        """The compiled kernels' ``(inv_t, cap)`` arguments of a logit map (0-d fp32 tensors; ``cap``
+        ``(pre, c)`` or None)."""
+        cap = None if lmap.cap is None else (self._scalar(lmap.pre), self._scalar(lmap.cap))
+        return self._scalar(lmap.inv_t), cap
 
     def _try(self, name: str, *args):
         """``(True, the kernel's result)``, or ``(False, None)`` when compiling fails (warned once;
@@ -183,22 +206,23 @@ class CompiledRowPass(TorchRowPass):
                           RuntimeWarning, stacklevel=3)
             return False, None
 
-    def _target_stats(self, z, targets, inv_t: float, with_entropy: bool):
+    def _target_stats(self, z, targets, lmap: LogitMap, with_entropy: bool):
         """``(logp, entropy or None, lse)`` of a chunk by the compiled sums, or None."""
-        ok, sums = self._try("sums", z, self._inv_t_tensor(inv_t), with_entropy)
+        inv_t, cap = self._map_args(lmap)
+        ok, sums = self._try("sums", z, inv_t, with_entropy, cap)
         if not ok:
             return None
         m, d, e_L = sums
         valid, safe = _target_index(targets, z.shape[1])
         log_d = torch.log(d)
-        s_y = z.gather(1, safe.unsqueeze(1)).squeeze(1).float() * inv_t
+        s_y = lmap.apply_(z.gather(1, safe.unsqueeze(1)).squeeze(1).float())
         logp = torch.where(valid, s_y - m - log_d, torch.zeros_like(log_d))
         entropy = log_d - e_L / d if with_entropy else None
         return logp, entropy, m + log_d
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
         if self.uses_compiled(z):
-            got = self._target_stats(z, targets, inv_t, out_entropy is not None)
+            got = self._target_stats(z, targets, as_logit_map(inv_t), out_entropy is not None)
             if got is not None:
                 logp, entropy, lse = got
                 out_logp.copy_(logp)
@@ -208,25 +232,27 @@ class CompiledRowPass(TorchRowPass):
                 return
         super().stats(z, targets, inv_t, out_logp, out_entropy, out_lse)
 
-    def _write_grads(self, z, inv_t, lse, entropy, g_logp, g_entropy, targets) -> bool:
+    def _write_grads(self, z, lmap: LogitMap, lse, entropy, g_logp, g_entropy, targets) -> bool:
         """Overwrite ``z`` with the logits gradient of ``g_logp logp + g_entropy H``; False (``z``
         untouched) when compiling fails."""
         valid, safe = _target_index(targets, z.shape[1])
         g_logp = torch.where(valid, g_logp, torch.zeros_like(g_logp))  # logp is the constant 0 there
         g_entropy = torch.broadcast_to(g_entropy, g_logp.shape).float()
         a = -g_logp - g_entropy * entropy
-        ok, _ = self._try("grads", z, self._inv_t_tensor(inv_t), lse, a.contiguous(), (-g_entropy).contiguous(),
-                          safe, g_logp.contiguous())
+        inv_t, cap = self._map_args(lmap)
+        ok, _ = self._try("grads", z, inv_t, lse, a.contiguous(), (-g_entropy).contiguous(), safe,
+                          g_logp.contiguous(), cap)
         return ok
 
     def logprobs_grad(self, z, targets, inv_t, lse, entropy, g_logp, g_entropy):
-        if self.uses_compiled(z) and self._write_grads(z, inv_t, lse, entropy, g_logp, g_entropy, targets):
+        if self.uses_compiled(z) and self._write_grads(z, as_logit_map(inv_t), lse, entropy, g_logp, g_entropy,
+                                                       targets):
             return z
         return super().logprobs_grad(z, targets, inv_t, lse, entropy, g_logp, g_entropy)
 
     def policy_loss(self, z, targets, inputs, settings, out_logp, out_entropy, write_grad: bool):
-        inv_t = 1.0 / settings.temperature
-        got = self._target_stats(z, targets, inv_t, True) if self.uses_compiled(z) else None
+        lmap = settings.logit_map
+        got = self._target_stats(z, targets, lmap, True) if self.uses_compiled(z) else None
         if got is None:
             return super().policy_loss(z, targets, inputs, settings, out_logp, out_entropy, write_grad)
         logp, entropy, lse = got
@@ -236,7 +262,7 @@ class CompiledRowPass(TorchRowPass):
             return None
         t = token_terms(logp, entropy, inputs, settings)
         g_entropy = t["g_entropy"] if settings.has_entropy_term else torch.zeros_like(logp)
-        if not self._write_grads(z, inv_t, lse, entropy, t["g_logp"], g_entropy, targets):
+        if not self._write_grads(z, lmap, lse, entropy, t["g_logp"], g_entropy, targets):
             # compiling failed after the sums compiled: redo the chunk eagerly (z still holds the logits)
             return super().policy_loss(z, targets, inputs, settings, out_logp, out_entropy, write_grad)
         return z

@@ -48,6 +48,13 @@ class Completions:
     """Teacher log-probs per token; required when the role takes the OPD advantage."""
     pg_scale: Optional[torch.Tensor] = None
     """A factor on each token's policy term (e.g. TRL's vLLM importance-sampling ratio)."""
+    sampling_logp: Optional[torch.Tensor] = None
+    """The sampling policy's log-probs per token (TRL's ``sampling_per_token_logps``), read by the
+    off-policy mask (``PolicyLossSettings.off_policy_threshold``); None: ``old_logp``."""
+    entropy_filter: Optional[torch.Tensor] = None
+    """``[B, T]`` 0/1: the tokens the policy term and the entropy bonus act on (TRL's
+    ``top_entropy_quantile`` keeps the high-entropy ones); the KL term acts on every masked token, and
+    the entropy bonus aggregates over ``mask * entropy_filter``. None: every masked token."""
 
 
 def _rows(x: Optional[torch.Tensor], B: int, T: int, name: str) -> Optional[torch.Tensor]:
@@ -82,7 +89,13 @@ def completion_inputs(completions: Completions, aggregation: Aggregation,
     _check_mask(c.mask)
     weights = token_weights(c.mask, aggregation).reshape(B * T)
     entropy_weights = None
-    if entropy_aggregation is not None:
+    pg_scale = _rows(c.pg_scale, B, T, "pg_scale")
+    if c.entropy_filter is not None:
+        keep = _rows(c.entropy_filter, B, T, "entropy_filter").to(weights.dtype)
+        pg_scale = keep if pg_scale is None else pg_scale * keep
+        entropy_weights = token_weights(c.mask * c.entropy_filter.to(weights.dtype),
+                                        entropy_aggregation or aggregation).reshape(B * T)
+    elif entropy_aggregation is not None:
         entropy_weights = token_weights(c.mask, entropy_aggregation).reshape(B * T)
     roles = torch.where(c.mask != 0, 0, -1).reshape(B * T)
     seq = torch.arange(B, device=c.mask.device).unsqueeze(1).expand(B, T).reshape(B * T)
@@ -90,8 +103,8 @@ def completion_inputs(completions: Completions, aggregation: Aggregation,
                         advantages=_rows(c.advantages, B, T, "advantages"),
                         teacher_logp=_rows(c.teacher_logp, B, T, "teacher_logp"),
                         ref_logp=_rows(c.ref_logp, B, T, "ref_logp"), weights=weights,
-                        pg_scale=_rows(c.pg_scale, B, T, "pg_scale"), entropy_weights=entropy_weights,
-                        sequence_ids=seq, n_sequences=B)
+                        pg_scale=pg_scale, entropy_weights=entropy_weights, sequence_ids=seq, n_sequences=B,
+                        sampling_logp=_rows(c.sampling_logp, B, T, "sampling_logp"))
     return c.targets.reshape(B * T), inputs
 
 

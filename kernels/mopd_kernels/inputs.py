@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-FLOAT_FIELDS = ("old_logp", "advantages", "teacher_logp", "ref_logp", "weights", "pg_scale", "entropy_weights")
+FLOAT_FIELDS = ("old_logp", "advantages", "teacher_logp", "ref_logp", "weights", "pg_scale", "entropy_weights",
+                "sampling_logp")
 """The optional float ``[T]`` fields, in the order the checks name them."""
 
 
@@ -56,6 +57,10 @@ class LossInputs:
     """A bound on ``sequence_ids`` (all lie in ``[0, n_sequences)``), when the caller knows one
     (``completion_inputs``: the batch's B): the per-sequence stats then group without a host sync.
     None: any ids (grouped by ``torch.unique``, a sync on CUDA)."""
+    sampling_logp: torch.Tensor | None = None
+    """The sampling policy's log-prob of each target (float; TRL's ``sampling_per_token_logps``, e.g.
+    vLLM's), read by the off-policy sequence mask (``PolicyLossSettings.off_policy_threshold``). None:
+    ``old_logp`` (then the current log-probs)."""
 
     def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
         """``fn`` applied to the float tensors that are present (``roles``, ``sequence_ids`` kept)."""

@@ -12,7 +12,8 @@ kernels take it by autograd (``terms.token_terms``), so a new objective is this 
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+import math
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
@@ -22,12 +23,43 @@ OBJECTIVES: Dict[str, Objective] = {}
 """Name -> objective; ``PolicyLossSettings`` accepts exactly these names."""
 
 
-def register_objective(name: str) -> Callable[[Objective], Objective]:
-    """Register ``fn`` as the objective ``name`` (a decorator)."""
+class ObjectiveTraits(NamedTuple):
+    per_sequence: bool = False
+    """The term of a token depends on its whole sequence: the objective is called with a fifth
+    argument, a ``SequenceView``, and the loss scores every log-prob before any gradient (the
+    sequence pass: one lm-head matmul more, as GSPO)."""
+    owns_pg_scale: bool = False
+    """The objective uses ``LossInputs.pg_scale`` itself (``SequenceView.pg_scale``); the loss does
+    not multiply its term by it."""
+
+
+OBJECTIVE_TRAITS: Dict[str, ObjectiveTraits] = {}
+"""Name -> its ``ObjectiveTraits`` (the default for an objective registered without them)."""
+
+
+class SequenceView(NamedTuple):
+    """What a per-sequence objective sees of the tokens' sequences, all ``[n]`` over the trained tokens."""
+
+    sum: Callable[[torch.Tensor], torch.Tensor]
+    """``x`` -> each token's sum of ``x`` over the tokens of its sequence (differentiable)."""
+    log_ratio: torch.Tensor
+    """``logp - old_logp`` of each token (before any clamp or sequence mean; differentiable)."""
+    pg_scale: Optional[torch.Tensor]
+    """``LossInputs.pg_scale`` (e.g. TRL's vLLM importance-sampling ratio), or None."""
+
+
+def register_objective(name: str, *, per_sequence: bool = False,
+                       owns_pg_scale: bool = False) -> Callable[[Objective], Objective]:
+    """Register ``fn`` as the objective ``name`` (a decorator); see ``ObjectiveTraits`` for the flags."""
     def decorator(fn: Objective) -> Objective:
         OBJECTIVES[name] = fn
+        OBJECTIVE_TRAITS[name] = ObjectiveTraits(per_sequence, owns_pg_scale)
         return fn
     return decorator
+
+
+def traits(name: str) -> ObjectiveTraits:
+    return OBJECTIVE_TRAITS.get(name, ObjectiveTraits())
 
 
 def _indicators(pg: torch.Tensor, **given) -> Dict[str, torch.Tensor]:
@@ -71,3 +103,33 @@ def soft_gate(A, ratio, logp, settings):
     t_pos, t_neg = settings.sapo_temperatures
     tau = torch.where(A > 0, torch.full_like(A, t_pos), torch.full_like(A, t_neg))
     return _indicators(-A * torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau)
+
+
+VESPO_LOG_W_RANGE = (math.log(1e-8), 20.0)
+"""VESPO clamps a sequence's log-weight (and each log importance-sampling ratio) to this range, and
+each token's log-ratio to ``[-20, 20]`` before summing."""
+
+
+@register_objective("vespo", per_sequence=True, owns_pg_scale=True)
+def gamma_weighted_reinforce(A, ratio, logp, settings, seq: SequenceView):
+    """VESPO: REINFORCE weighted by the stopped gamma weight of the sequence's importance weight,
+    ``-sg(phi(w)) A logp`` with ``phi(w) = w^k exp(lambda (1 - w))`` (so ``phi(1) = 1``), ``log w`` the
+    sum over the sequence of its tokens' log-ratios (each clamped to +-20) plus, with ``pg_scale``, of
+    their clamped log importance-sampling ratios, itself clamped to ``VESPO_LOG_W_RANGE``; ``(k,
+    lambda)`` is ``settings.vespo_params``' positive pair for ``A >= 0``, its negative pair else
+    (lambda at least 1e-4). A non-finite ``phi`` counts as 0. The ``seq_weight`` it returns is
+    ``phi`` (TRL's ``vespo/phi_seq_mean``)."""
+    lo, hi = VESPO_LOG_W_RANGE
+    with torch.no_grad():
+        log_w = seq.sum(seq.log_ratio.detach().clamp(-20.0, 20.0))
+        if seq.pg_scale is not None:
+            log_w = log_w + seq.sum(torch.log(seq.pg_scale).clamp(lo, hi))
+        log_w = log_w.clamp(lo, hi)
+        k_pos, lam_pos, k_neg, lam_neg = settings.vespo_params
+        pos = A >= 0
+        k = torch.where(pos, torch.full_like(A, k_pos), torch.full_like(A, k_neg))
+        lam = torch.where(pos, torch.full_like(A, lam_pos), torch.full_like(A, lam_neg)).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    out = _indicators(-phi * A * logp)
+    out["seq_weight"] = phi
+    return out

@@ -26,6 +26,7 @@ import torch
 from mopd_kernels import chunked, reference
 from mopd_kernels.compiled_rows import CompiledRowPass
 from mopd_kernels.inputs import LossInputs
+from mopd_kernels.logit_map import check_logit_head
 from mopd_kernels.roles import (check_backend, check_bias, check_linear_inputs, check_loss_inputs, check_target_range,
                                 check_temperature)
 from mopd_kernels.settings import PolicyLossSettings, require_settings
@@ -104,19 +105,24 @@ def row_pass_for(backend: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def _chunk_loop(temperature: float, backend: str, chunk_rows: int) -> chunked.ChunkLoop:
-    return chunked.ChunkLoop(row_pass_for(backend), temperature, chunk_rows or None)
+def _chunk_loop(temperature: float, backend: str, chunk_rows: int,
+                head: Tuple[float, float] = (1.0, 0.0)) -> chunked.ChunkLoop:
+    """``head``: the op's ``(logit_scale, logit_softcap)``, a cap of 0 meaning none."""
+    scale, softcap = head
+    return chunked.ChunkLoop(row_pass_for(backend), temperature, chunk_rows or None, scale, softcap or None)
 
 
 def _linear_logprobs_impl(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           temperature: float, backend: str, chunk_rows: int, with_entropy: bool = True,
-                          bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          bias: Optional[torch.Tensor] = None, logit_scale: float = 1.0,
+                          logit_softcap: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logp, entropy, lse) fp32 [T] by the chunked loop of ``backend`` (``"torch"`` or ``"triton"``);
     without ``with_entropy`` the entropy is zeros (not computed: one reduction less per logit).
-    Targets at or past V are refused here, inside the op (a compiled caller checks them too)."""
+    ``logit_softcap`` 0 is no cap (an op's schema has no optional float). Targets at or past V are
+    refused here, inside the op (a compiled caller checks them too)."""
     check_target_range(targets, weight.shape[0])
-    return chunked.logprobs_forward(hidden, weight, targets, _chunk_loop(temperature, backend, chunk_rows),
-                                    with_entropy, bias)
+    loop = _chunk_loop(temperature, backend, chunk_rows, (logit_scale, logit_softcap))
+    return chunked.logprobs_forward(hidden, weight, targets, loop, with_entropy, bias)
 
 
 _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", mutates_args=())(
@@ -124,20 +130,23 @@ _linear_logprobs_op = torch.library.custom_op("mopd_kernels::linear_logprobs", m
 
 
 @_linear_logprobs_op.register_fake
-def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows, with_entropy=True, bias=None):
+def _linear_logprobs_fake(hidden, weight, targets, temperature, backend, chunk_rows, with_entropy=True, bias=None,
+                          logit_scale=1.0, logit_softcap=0.0):
     T = hidden.shape[0]
     return tuple(hidden.new_empty(T, dtype=torch.float32) for _ in range(3))
 
 
-# A torch custom_op's schema takes tensors and scalars only, so its 14 arguments stay flat (no settings object).
+# A torch custom_op's schema takes tensors and scalars only, so its 16 arguments stay flat (no settings object).
 def _linear_logprobs_backward_impl(grad_logp: torch.Tensor, grad_entropy: torch.Tensor, hidden: torch.Tensor,
                                    weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
                                    entropy: torch.Tensor, temperature: float, backend: str, chunk_rows: int,
                                    need_hidden: bool, need_weight: bool, bias: Optional[torch.Tensor] = None,
-                                   need_bias: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                   need_bias: bool = False, logit_scale: float = 1.0,
+                                   logit_softcap: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_hidden, grad_weight, grad_bias); an empty tensor stands for a gradient that is not needed."""
     gh, gw, gb = chunked.logprobs_backward((grad_logp, grad_entropy), hidden, weight, targets, (lse, entropy),
-                                           _chunk_loop(temperature, backend, chunk_rows),
+                                           _chunk_loop(temperature, backend, chunk_rows,
+                                                       (logit_scale, logit_softcap)),
                                            chunked.GradRequest(need_hidden, need_weight, bias=need_bias), bias)
     return (gh if gh is not None else hidden.new_empty(0), gw if gw is not None else weight.new_empty(0),
             gb if gb is not None else weight.new_empty(0))
@@ -157,7 +166,7 @@ CUSTOM_OP_IMPLS = {
 @_linear_logprobs_backward_op.register_fake
 def _linear_logprobs_backward_fake(grad_logp, grad_entropy, hidden, weight, targets, lse, entropy,
                                    temperature, backend, chunk_rows, need_hidden, need_weight, bias=None,
-                                   need_bias=False):
+                                   need_bias=False, logit_scale=1.0, logit_softcap=0.0):
     return (torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
             torch.empty_like(weight) if need_weight else weight.new_empty(0),
             torch.empty_like(bias) if need_bias and bias is not None else weight.new_empty(0))
@@ -166,14 +175,15 @@ def _linear_logprobs_backward_fake(grad_logp, grad_entropy, hidden, weight, targ
 def _linear_logprobs_setup_context(ctx, inputs, output):
     hidden, weight, targets, temperature, backend, chunk_rows = inputs[:6]
     bias = inputs[7] if len(inputs) > 7 else None
+    head = (inputs[8] if len(inputs) > 8 else 1.0, inputs[9] if len(inputs) > 9 else 0.0)
     _, entropy, lse = output
     ctx.save_for_backward(hidden, weight, targets, lse, entropy, bias)
-    ctx.config = (temperature, backend, chunk_rows)
+    ctx.config = (temperature, backend, chunk_rows, head)
 
 
 def _linear_logprobs_backward(ctx, grad_logp, grad_entropy, grad_lse):
     hidden, weight, targets, lse, entropy, bias = ctx.saved_tensors
-    temperature, backend, chunk_rows = ctx.config
+    temperature, backend, chunk_rows, (logit_scale, logit_softcap) = ctx.config
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_b = bias is not None and len(ctx.needs_input_grad) > 7 and ctx.needs_input_grad[7]
     if grad_logp is None:
@@ -182,8 +192,9 @@ def _linear_logprobs_backward(ctx, grad_logp, grad_entropy, grad_lse):
         grad_entropy = torch.zeros_like(lse)
     gh, gw, gb = torch.ops.mopd_kernels.linear_logprobs_backward(
         grad_logp, grad_entropy, hidden, weight, targets, lse, entropy, temperature, backend, chunk_rows,
-        need_h, need_w, bias, need_b)
-    return (gh if need_h else None, gw if need_w else None, None, None, None, None, None, gb if need_b else None)
+        need_h, need_w, bias, need_b, logit_scale, logit_softcap)
+    return (gh if need_h else None, gw if need_w else None, None, None, None, None, None, gb if need_b else None,
+            None, None)
 
 
 torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprobs_backward,
@@ -192,8 +203,12 @@ torch.library.register_autograd("mopd_kernels::linear_logprobs", _linear_logprob
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                     temperature: float = 1.0, with_entropy: bool = True, backend: str = "auto",
-                    chunk_rows: Optional[int] = None, bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-prob of each target and entropy of each row of ``softmax((hidden @ weight.T + bias) / temperature)``.
+                    chunk_rows: Optional[int] = None, bias: Optional[torch.Tensor] = None,
+                    logit_scale: float = 1.0,
+                    logit_softcap: Optional[float] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob of each target and entropy of each row of ``softmax((hidden @ weight.T + bias) / temperature)``,
+    or with an lm head that scales or caps its logits (``logit_scale``, ``logit_softcap``: Cohere, Gemma 2)
+    of ``softmax(softcap * tanh(logit_scale * z / softcap) / temperature)`` (``mopd_kernels.logit_map``).
 
     ``hidden`` [T, H] (fp32/bf16/fp16), ``weight`` [V, H] of the same dtype, ``targets`` [T] int,
     ``bias`` the lm head's optional [V] bias (its gradient included).
@@ -211,16 +226,18 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     check_linear_inputs(hidden, weight, targets)
     check_bias(bias, weight, hidden)
     check_temperature(temperature)
+    check_logit_head(logit_scale, logit_softcap)
     backend = resolve_backend(backend, hidden.device)
     with torch.autocast(hidden.device.type, enabled=False):
         if backend == "reference":
             check_target_range(targets, weight.shape[0])
             logp, entropy = reference.reference_linear_logprobs(hidden, weight, targets, temperature=temperature,
-                                                                bias=bias)
+                                                                bias=bias, logit_scale=logit_scale,
+                                                                logit_softcap=logit_softcap)
         else:
             logp, entropy, _ = torch.ops.mopd_kernels.linear_logprobs(
                 hidden.contiguous(), weight, targets.contiguous(), float(temperature), backend,
-                int(chunk_rows or 0), bool(with_entropy), bias)
+                int(chunk_rows or 0), bool(with_entropy), bias, float(logit_scale), float(logit_softcap or 0.0))
     return logp, (entropy if with_entropy else None)
 
 

@@ -159,14 +159,14 @@ def check_loss_inputs(hidden, weight, targets, inputs, settings, normalizer) -> 
         _check_vector("old_logp", inputs.old_logp, T, dev)
     _check_vector("advantages", inputs.advantages, T, dev)
     _check_vector("roles", inputs.roles, T, dev, integer=True)
-    for name in ("weights", "pg_scale", "entropy_weights"):
+    for name in ("weights", "pg_scale", "entropy_weights", "sampling_logp"):
         if getattr(inputs, name) is not None:
             _check_vector(name, getattr(inputs, name), T, dev)
     if inputs.sequence_ids is not None:
         _check_vector("sequence_ids", inputs.sequence_ids, T, dev, integer=True)
     elif settings.per_sequence:
-        raise ValueError("sequence_ids is required: importance_sampling='sequence' takes each sequence's mean "
-                         "log-ratio")
+        raise ValueError("sequence_ids is required: importance_sampling='sequence', off_policy_threshold and "
+                         f"objective={settings.objective!r} read each token's sequence")
     if inputs.teacher_logp is None and any(s.is_opd for s in role_specs):
         names = [s.name or str(i) for i, s in enumerate(role_specs) if s.is_opd]
         raise ValueError(f"teacher_logp is required: role(s) {names} take the OPD advantage")

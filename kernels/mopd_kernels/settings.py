@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from mopd_kernels import roles
-from mopd_kernels.objectives import OBJECTIVES
+from mopd_kernels.logit_map import LogitMap, check_logit_head
+from mopd_kernels.objectives import OBJECTIVES, traits
 from mopd_kernels.roles import RoleSpec, check_backend, check_clip, check_role_specs, check_temperature
 
 
@@ -67,6 +68,20 @@ class PolicyLossSettings:
     """The dtype of the lm-head matmul: hidden and weight are cast to it (differentiably) when they
     differ. None: the autocast dtype when autocast is on for the device, else their own dtype (they
     must then agree). Softmax and loss arithmetic is fp32 whatever it is."""
+    logit_scale: float = 1.0
+    """The lm head's logit multiplier (Cohere's ``logit_scale``; ``1 / logits_scaling`` of Granite):
+    the softmax is of ``softcap(logit_scale z) / temperature`` (``mopd_kernels.logit_map``). Any finite number."""
+    logit_softcap: float | None = None
+    """The lm head's tanh soft cap (Gemma 2's ``final_logit_softcapping``): ``cap tanh(x / cap)`` on the
+    scaled logit ``x``, before the temperature. None: no cap."""
+    off_policy_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's ``off_policy_mask_threshold``): a token's policy
+    term is dropped when its advantage is negative and its sequence's mean ``sampling_logp - logp``
+    exceeds this (``terms.off_policy_keep``). Costs one lm-head matmul more (the sequence pass: every
+    log-prob before any gradient). None: off."""
+    vespo_params: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)
+    """VESPO's ``(k_pos, lambda_pos, k_neg, lambda_neg)`` (TRL's ``vespo_*`` defaults): the gamma
+    weight's power and decay for ``A >= 0`` and ``A < 0`` (``objectives.gamma_weighted_reinforce``)."""
 
     def __post_init__(self):
         check_role_specs(self.role_specs)
@@ -93,6 +108,17 @@ class PolicyLossSettings:
                                       and math.isfinite(t) and t > 0 for t in temps):
             raise ValueError(f"sapo_temperatures={self.sapo_temperatures!r} must be two positive numbers")
         object.__setattr__(self, "sapo_temperatures", temps)
+        check_logit_head(self.logit_scale, self.logit_softcap)
+        threshold = self.off_policy_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not math.isfinite(threshold)):
+            raise ValueError(f"off_policy_threshold={threshold!r} must be a finite number (or None)")
+        vespo = tuple(self.vespo_params)
+        if len(vespo) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                      for v in vespo):
+            raise ValueError(f"vespo_params={self.vespo_params!r} must be four finite numbers "
+                             "(k_pos, lambda_pos, k_neg, lambda_neg)")
+        object.__setattr__(self, "vespo_params", vespo)
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype={self.matmul_dtype!r}: choose one of {MATMUL_DTYPES}")
 
@@ -111,12 +137,19 @@ class PolicyLossSettings:
 
     @property
     def per_sequence(self) -> bool:
-        """The loss couples a sequence's tokens: all its log-probs are needed before any gradient."""
-        return self.importance_sampling == "sequence"
+        """The loss couples a sequence's tokens: all its log-probs are needed before any gradient
+        (sequence-level importance sampling, the off-policy mask, a per-sequence objective: VESPO)."""
+        return (self.importance_sampling == "sequence" or self.off_policy_threshold is not None
+                or traits(self.objective).per_sequence)
 
     @property
     def has_entropy_term(self) -> bool:
         return any(s.entropy_coef != 0 for s in self.role_specs)
+
+    @property
+    def logit_map(self) -> LogitMap:
+        """What the row passes do to a logit: scale, soft cap, temperature."""
+        return LogitMap.of(self.temperature, self.logit_scale, self.logit_softcap)
 
     def role_table(self, device: torch.device) -> torch.Tensor:
         """The role specs as the kernels' ``[R, ROLE_FIELDS]`` float32 table on ``device`` (cached)."""

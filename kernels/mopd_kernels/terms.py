@@ -35,14 +35,14 @@ import torch
 
 from mopd_kernels.inputs import LossInputs
 from mopd_kernels.kl import kl_estimate
-from mopd_kernels.objectives import OBJECTIVES
+from mopd_kernels.objectives import OBJECTIVES, SequenceView, traits
 from mopd_kernels.roles import (COL_ENT_COEF, COL_IS_OPD, COL_KL_COEF, COL_KL_TYPE, COL_OPD_COEF, COL_PG_COEF,
                                 role_table)
 from mopd_kernels.settings import PolicyLossSettings
 
 MEAN_STAT_NAMES = ("tokens", "advantage_mean", "clip_frac", "clip_low_frac", "clip_high_frac", "approx_kl",
                    "entropy_mean", "opd_log_ratio", "pg_loss", "kl")
-STAT_NAMES = MEAN_STAT_NAMES + ("policy_loss", "clip_low_seq_min", "clip_high_seq_max")
+STAT_NAMES = MEAN_STAT_NAMES + ("policy_loss", "clip_low_seq_min", "clip_high_seq_max", "seq_weight_mean")
 """Per-role stats: token count; mean A_t; fraction of tokens where the clipped branch is larger
 (pg2 > pg1, verl's pg_clipfrac); fractions clipped below (rho < 1 - clip_low, A < 0) and above
 (rho > 1 + clip_high, or the CISPO cap, A > 0), TRL's clip_ratio/low_mean and high_mean; mean
@@ -53,7 +53,9 @@ kl_t (0 without ref_logp) -- unweighted means over the role's tokens (``MEAN_STA
 per-sequence extremes of the clip fractions: the smallest over the role's sequences of a sequence's
 fraction clipped below, the largest clipped above (TRL's ``clip_ratio/low_min`` / ``high_max``; a
 sequence is a ``sequence_ids`` value with a token of the role, every token its own sequence when
-``sequence_ids`` is None; 0 for a role without tokens)."""
+``sequence_ids`` is None; 0 for a role without tokens), and ``seq_weight_mean``, the mean over the
+role's sequences of the objective's per-sequence weight (VESPO's ``phi``, TRL's ``vespo/phi_seq_mean``;
+0 for an objective without one)."""
 
 def _coef_times(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(coef != 0, coef * x, torch.zeros_like(x))
@@ -106,15 +108,34 @@ def importance_ratio(logp: torch.Tensor, old: torch.Tensor, inputs: LossInputs,
     log_ratio = logp - old
     if settings.log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-settings.log_ratio_clip, settings.log_ratio_clip)
-    if settings.per_sequence:
+    if settings.importance_sampling == "sequence":
         log_ratio = sequence_mean(log_ratio, inputs.sequence_ids)
     return torch.exp(log_ratio)
 
 
+def sequence_sum(x: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's sum of ``x`` over the tokens of its sequence, ``[n]`` (differentiable)."""
+    _, inverse = torch.unique(sequence_ids, return_inverse=True)
+    n_seq = int(inverse.max()) + 1 if inverse.numel() else 0
+    return torch.zeros(n_seq, dtype=x.dtype, device=x.device).index_add(0, inverse, x)[inverse]
+
+
 def policy_term(A: torch.Tensor, ratio: torch.Tensor, logp: torch.Tensor,
-                settings: PolicyLossSettings) -> Dict[str, torch.Tensor]:
-    """``pg_t`` of the settings' objective and its clip indicators (``mopd_kernels.objectives``)."""
-    return OBJECTIVES[settings.objective](A, ratio, logp, settings)
+                settings: PolicyLossSettings, seq: Optional[SequenceView] = None) -> Dict[str, torch.Tensor]:
+    """``pg_t`` of the settings' objective and its clip indicators (``mopd_kernels.objectives``); a
+    per-sequence objective also gets ``seq``."""
+    fn = OBJECTIVES[settings.objective]
+    return fn(A, ratio, logp, settings, seq) if traits(settings.objective).per_sequence else fn(A, ratio, logp, settings)
+
+
+def off_policy_keep(A: torch.Tensor, logp: torch.Tensor, sampling: torch.Tensor, inputs: LossInputs,
+                    threshold: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's ``off_policy_mask_threshold``): 1 where the
+    token's advantage is >= 0 or its sequence's mean ``sampling_logp - logp`` (the drift of the
+    sampling policy from the current one, a missing (NaN) sampling log-prob counting 0) is at most
+    ``threshold``, else 0 (fp32 [n], no gradient)."""
+    drift = torch.nan_to_num(sampling - logp.detach(), nan=0.0)
+    return ((A >= 0) | (sequence_mean(drift, inputs.sequence_ids) <= threshold)).to(torch.float32)
 
 
 def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
@@ -131,8 +152,16 @@ def token_losses(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,
     A = token_advantages(spec, inputs.advantages, old, inputs.teacher_logp)
     logp_pg = _gated(pg_coef, logp)
     ratio = importance_ratio(logp_pg, old, inputs, settings)
-    out = policy_term(A, ratio, logp_pg, settings)
-    pg = out["pg"] if inputs.pg_scale is None else out["pg"] * inputs.pg_scale
+    own = traits(settings.objective)
+    seq = None
+    if own.per_sequence:
+        seq = SequenceView(lambda x: sequence_sum(x, inputs.sequence_ids), logp_pg - old, inputs.pg_scale)
+    out = policy_term(A, ratio, logp_pg, settings, seq)
+    pg = out["pg"] if inputs.pg_scale is None or own.owns_pg_scale else out["pg"] * inputs.pg_scale
+    if settings.off_policy_threshold is not None:
+        sampling = inputs.sampling_logp if inputs.sampling_logp is not None else old
+        pg = pg * off_policy_keep(A, logp, sampling, inputs, settings.off_policy_threshold)
+    out.setdefault("seq_weight", torch.zeros_like(logp))
     policy = _coef_times(pg_coef, pg)
     kl = torch.zeros_like(logp)
     kl_term = None
@@ -176,11 +205,13 @@ def token_terms(logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs, s
 
 
 def _sequence_extremes(terms: Dict[str, torch.Tensor], inputs: LossInputs, n_roles: int) -> torch.Tensor:
-    """``[n_roles, 2]``: per role, the smallest per-sequence mean of ``clipped_low`` and the largest
-    of ``clipped_high`` over the sequences with a token of the role (0 for a role without one).
+    """``[n_roles, 3]``: per role, the smallest per-sequence mean of ``clipped_low`` and the largest
+    of ``clipped_high`` over the sequences with a token of the role (0 for a role without one), and
+    the mean over those sequences of their mean ``seq_weight``.
     Grouped by ``index_add_`` on (role, sequence) keys: no host sync when ``inputs.n_sequences``
     bounds the ids (every token its own sequence without ``sequence_ids``)."""
     n = terms["clipped_low"].shape[0]
+    weight = terms.get("seq_weight", torch.zeros_like(terms["clipped_low"]))
     roles = inputs.roles.long()
     if inputs.sequence_ids is None:
         seq, n_seq = torch.arange(n, device=roles.device), max(n, 1)
@@ -190,17 +221,18 @@ def _sequence_extremes(terms: Dict[str, torch.Tensor], inputs: LossInputs, n_rol
         seq = torch.unique(inputs.sequence_ids, return_inverse=True)[1].long()
         n_seq = max(n, 1)
     key = roles * n_seq + seq
-    sums = torch.zeros(n_roles * n_seq, 3, dtype=torch.float32, device=roles.device)
-    sums.index_add_(0, key, torch.stack([terms["clipped_low"], terms["clipped_high"],
+    sums = torch.zeros(n_roles * n_seq, 4, dtype=torch.float32, device=roles.device)
+    sums.index_add_(0, key, torch.stack([terms["clipped_low"], terms["clipped_high"], weight.float(),
                                          torch.ones_like(terms["clipped_low"])], dim=1).float())
-    count = sums[:, 2]
+    count = sums[:, 3]
     present = (count > 0).view(n_roles, n_seq)
-    means = (sums[:, :2] / count.clamp(min=1).unsqueeze(1)).view(n_roles, n_seq, 2)
+    means = (sums[:, :3] / count.clamp(min=1).unsqueeze(1)).view(n_roles, n_seq, 3)
     low = torch.where(present, means[..., 0], torch.full_like(means[..., 0], float("inf"))).amin(dim=1)
     high = torch.where(present, means[..., 1], torch.full_like(means[..., 1], float("-inf"))).amax(dim=1)
     any_seq = present.any(dim=1)
+    weight_mean = (means[..., 2] * present).sum(dim=1) / present.sum(dim=1).clamp(min=1)
     return torch.stack([torch.where(any_seq, low, torch.zeros_like(low)),
-                        torch.where(any_seq, high, torch.zeros_like(high))], dim=1)
+                        torch.where(any_seq, high, torch.zeros_like(high)), weight_mean], dim=1)
 
 
 def role_stats(terms: Dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor, inputs: LossInputs,

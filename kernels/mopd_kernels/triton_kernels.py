@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mopd_kernels.logit_map import as_logit_map
 from mopd_kernels.terms import token_terms
 
 # Launch configuration: (BLOCK_V, num_warps) by device kind; overridable for tuning.
@@ -96,7 +97,17 @@ def launch_config(V: int, device: torch.device) -> Tuple[int, int]:
 
 
 @triton.jit
-def _row_softmax_stats(row_ptr, V, inv_t, BLOCK_V: tl.constexpr):
+def _mapped(z, inv_t, pre, cap, HAS_CAP: tl.constexpr):
+    """The softmax's input of fp32 logits ``z``: ``z * inv_t``, or soft-capped ``cap tanh(z pre)``
+    (``tanh(y) = 2 sigmoid(2 y) - 1``; ``logit_map.LogitMap``)."""
+    if HAS_CAP:
+        return cap * (2.0 * tl.sigmoid(2.0 * pre * z) - 1.0)
+    else:
+        return z * inv_t
+
+
+@triton.jit
+def _row_softmax_stats(row_ptr, V, inv_t, pre, cap, HAS_CAP: tl.constexpr, BLOCK_V: tl.constexpr):
     """Online softmax statistics of one row: (m, d, s), d = sum e, s = sum e (x - m), e = exp(x - m)."""
     m = -1e30
     d = 0.0
@@ -104,7 +115,7 @@ def _row_softmax_stats(row_ptr, V, inv_t, BLOCK_V: tl.constexpr):
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < V
-        x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32) * inv_t
+        x = _mapped(tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32), inv_t, pre, cap, HAS_CAP)
         m_new = tl.maximum(m, tl.max(tl.where(mask, x, -float("inf")), axis=0))
         alpha = tl.exp(m - m_new)
         xm = tl.where(mask, x - m_new, 0.0)
@@ -117,24 +128,29 @@ def _row_softmax_stats(row_ptr, V, inv_t, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _row_write_grad(row_ptr, V, inv_t, shift, coef_a, coef_b, y, g_y, BLOCK_V: tl.constexpr):
-    """row_j <- exp(x_j - shift) (coef_a + coef_b (x_j - shift)) + g_y [j == y], x = z * inv_t."""
+def _row_write_grad(row_ptr, V, inv_t, pre, cap, shift, coef_a, coef_b, y, g_y, HAS_CAP: tl.constexpr,
+                    BLOCK_V: tl.constexpr):
+    """row_j <- exp(x_j - shift) (coef_a + coef_b (x_j - shift)) + g_y [j == y], x = _mapped(z); with a
+    soft cap, times its slope 1 - (x_j / cap)^2."""
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < V
-        x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32) * inv_t
+        x = _mapped(tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32), inv_t, pre, cap, HAS_CAP)
         xm = tl.where(mask, x - shift, 0.0)
         g = tl.exp(xm) * (coef_a + coef_b * xm)
         g = tl.where(offs == y, g + g_y, g)
+        if HAS_CAP:
+            t = x / cap
+            g = g * (1.0 - t * t)
         tl.store(row_ptr + offs, g.to(row_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _row_target_logit(row_ptr, targets_ptr, row, V, inv_t):
-    """(target index or -1, its scaled logit or 0, validity) of one row."""
+def _row_target_logit(row_ptr, targets_ptr, row, V, inv_t, pre, cap, HAS_CAP: tl.constexpr):
+    """(target index or -1, its mapped logit or 0, validity) of one row."""
     y = tl.load(targets_ptr + row)
     valid = (y >= 0) & (y < V)
-    x_y = tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32) * inv_t
+    x_y = _mapped(tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32), inv_t, pre, cap, HAS_CAP)
     return tl.where(valid, y, -1), tl.where(valid, x_y, 0.0), valid
 
 
@@ -144,30 +160,30 @@ def _row_target_logit(row_ptr, targets_ptr, row, V, inv_t):
 
 
 @triton.jit
-def _logprobs_fwd_kernel(z_ptr, stride_z, targets_ptr, logp_ptr, ent_ptr, lse_ptr, V, inv_t,
-                         BLOCK_V: tl.constexpr):
+def _logprobs_fwd_kernel(z_ptr, stride_z, targets_ptr, logp_ptr, ent_ptr, lse_ptr, V, inv_t, pre, cap,
+                         HAS_CAP: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = z_ptr + row * stride_z
-    m, d, s = _row_softmax_stats(row_ptr, V, inv_t, BLOCK_V)
+    m, d, s = _row_softmax_stats(row_ptr, V, inv_t, pre, cap, HAS_CAP, BLOCK_V)
     log_d = tl.log(d)
-    _, x_y, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t)
+    _, x_y, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t, pre, cap, HAS_CAP)
     tl.store(logp_ptr + row, tl.where(valid, x_y - m - log_d, 0.0))
     tl.store(ent_ptr + row, log_d - s / d)
     tl.store(lse_ptr + row, m + log_d)
 
 
 @triton.jit
-def _logprobs_bwd_kernel(z_ptr, stride_z, targets_ptr, lse_ptr, ent_ptr, g_logp_ptr, g_ent_ptr, V, inv_t,
-                         BLOCK_V: tl.constexpr):
+def _logprobs_bwd_kernel(z_ptr, stride_z, targets_ptr, lse_ptr, ent_ptr, g_logp_ptr, g_ent_ptr, V, inv_t, pre, cap,
+                         HAS_CAP: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = z_ptr + row * stride_z
     lse = tl.load(lse_ptr + row)
     H = tl.load(ent_ptr + row)
     g_H = tl.load(g_ent_ptr + row)
-    y, _, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t)
+    y, _, valid = _row_target_logit(row_ptr, targets_ptr, row, V, inv_t, pre, cap, HAS_CAP)
     g_logp = tl.where(valid, tl.load(g_logp_ptr + row), 0.0)
     # log p_j = x_j - lse:  dlogits_j = p_j (-g_logp - g_H H - g_H log p_j) + g_logp [j == y]
-    _row_write_grad(row_ptr, V, inv_t, lse, -g_logp - g_H * H, -g_H, y, g_logp, BLOCK_V)
+    _row_write_grad(row_ptr, V, inv_t, pre, cap, lse, -g_logp - g_H * H, -g_H, y, g_logp, HAS_CAP, BLOCK_V)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,18 +201,22 @@ class TritonRowPass:
         return torch.empty((), dtype=dtype).element_size()
 
     def stats(self, z, targets, inv_t, out_logp, out_entropy, out_lse):
+        """``inv_t``: ``1 / temperature`` or a ``LogitMap`` (scale and soft cap too)."""
         c, V = z.shape
         if out_entropy is None:  # not wanted: the kernel writes it anyway
             out_entropy = torch.empty_like(out_logp)
         block, warps = launch_config(V, z.device)
-        _logprobs_fwd_kernel[(c,)](z, z.stride(0), targets, out_logp, out_entropy, out_lse, V, inv_t,
-                                   BLOCK_V=block, num_warps=warps)
+        lmap = as_logit_map(inv_t)
+        _logprobs_fwd_kernel[(c,)](z, z.stride(0), targets, out_logp, out_entropy, out_lse, V, lmap.inv_t, lmap.pre,
+                                   lmap.cap or 1.0, HAS_CAP=lmap.capped, BLOCK_V=block, num_warps=warps)
 
     def logprobs_grad(self, z, targets, inv_t, lse, entropy, g_logp, g_entropy):
         c, V = z.shape
         block, warps = launch_config(V, z.device)
+        lmap = as_logit_map(inv_t)
         _logprobs_bwd_kernel[(c,)](z, z.stride(0), targets, lse, entropy, g_logp.contiguous(),
-                                   g_entropy.contiguous(), V, inv_t, BLOCK_V=block, num_warps=warps)
+                                   g_entropy.contiguous(), V, lmap.inv_t, lmap.pre, lmap.cap or 1.0,
+                                   HAS_CAP=lmap.capped, BLOCK_V=block, num_warps=warps)
         return z
 
     def policy_loss(self, z, targets, inputs, settings, out_logp, out_entropy, write_grad):
@@ -204,7 +224,7 @@ class TritonRowPass:
         scalars in torch (``terms``, on ``[C]`` vectors: the kernels hold no loss formula), then the
         gradient kernel; ``inputs`` (a ``LossInputs``) are the chunk's rows, ``settings`` the
         ``PolicyLossSettings``. The gradient overwrites ``z`` (returned)."""
-        inv_t = 1.0 / settings.temperature
+        inv_t = settings.logit_map
         lse = torch.empty_like(out_logp)
         self.stats(z, targets, inv_t, out_logp, out_entropy, lse)
         if not write_grad:

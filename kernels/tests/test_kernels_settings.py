@@ -122,9 +122,11 @@ def test_old_loose_argument_call_is_refused_with_a_clear_error():
         fused_linear_policy_loss(b.hidden, b.weight, b.targets, b.old_logp, PolicyLossSettings(SPECS))
 
 
-# Functions allowed more than 8 parameters: Triton kernels (their signature is the launch ABI) and the
-# custom op whose schema torch.library builds from the Python signature (tensors and scalars only).
-SCHEMA_BOUND = {"_linear_logprobs_backward_impl", "_linear_logprobs_backward_fake"}
+# Functions allowed more than 8 parameters: Triton kernels (their signature is the launch ABI), the
+# custom ops whose schema torch.library builds from the Python signature (tensors and scalars only), and
+# linear_logprobs, the op's public face, whose keyword-only arguments mirror that schema one to one.
+SCHEMA_BOUND = {"_linear_logprobs_backward_impl", "_linear_logprobs_backward_fake", "_linear_logprobs_impl",
+                "_linear_logprobs_fake", "linear_logprobs"}
 
 
 def _is_triton_jit(node):
