@@ -49,6 +49,9 @@ class LoraConfig:
         if not self.target_modules:
             raise ConfigError("model.lora.target_modules is empty: name the modules that get adapters "
                               f"(default {','.join(LORA_TARGETS)}) or all-linear")
+        if "all-linear" in self.target_modules and len(self.target_modules) > 1:
+            raise ConfigError(f"model.lora.target_modules={','.join(self.target_modules)}: all-linear already names "
+                              "every linear layer; give it alone, or list module names without it")
         if "lm_head" in self.target_modules:
             raise ConfigError("model.lora.target_modules: lm_head cannot take an adapter (the fused loss head "
                               "reads it as one plain weight); adapt the decoder's projections instead")

@@ -11,9 +11,10 @@ another base is refused in one line instead of scoring garbage.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -41,10 +42,37 @@ class AdapterDir:
         return int(self.config.get("r", 0))
 
 
+FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+"""The weight files of a full model: a directory with one of them is a model, not an adapter."""
+
+
 def is_adapter_dir(path: str) -> bool:
-    """Whether ``path`` is a directory holding an adapter (``adapter_config.json``) and no full model."""
+    """Whether ``path`` is a directory holding an adapter (``adapter_config.json``) and no full
+    model's weights (a base's ``config.json`` copied beside an adapter does not make it a model)."""
+    if not path:
+        return False
     p = Path(path).expanduser()
-    return p.is_dir() and (p / ADAPTER_CONFIG).is_file() and not (p / "config.json").is_file()
+    return p.is_dir() and (p / ADAPTER_CONFIG).is_file() and not any((p / f).is_file() for f in FULL_WEIGHTS)
+
+
+def resolve_base_dir(path: str) -> Optional[Path]:
+    """The local directory of a model named by ``path``: the directory itself, or a Hub id's
+    snapshot in the local Hugging Face cache (nothing is downloaded); None where there is none."""
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p.resolve()
+    parts = path.split("/")
+    if len(parts) != 2 or not all(parts) or path.startswith((".", "~", "/")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, local_files_only=True))
+    except Exception:   # not in the cache (LocalEntryNotFoundError), no huggingface_hub: a name only
+        return None
 
 
 def read_adapter_dir(path: str) -> AdapterDir:
@@ -79,6 +107,18 @@ def read_adapter_dir(path: str) -> AdapterDir:
     return AdapterDir(str(p), config, base_path, weights if isinstance(weights, str) else None)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_dir(model_path: str) -> str:
+    """Where the tokenizer of ``model_path`` is: the directory itself, or, for an adapter directory
+    without tokenizer files of its own (``mopd export --adapter`` writes none), its base's."""
+    if not is_adapter_dir(model_path) or any((Path(model_path) / f).is_file() for f in TOKENIZER_FILES):
+        return model_path
+    base = read_adapter_dir(model_path).base_path
+    return str(resolve_base_dir(base) or base)
+
+
 def adapter_of(model_path: str) -> Optional[AdapterDir]:
     """The adapter in ``model_path`` when it is an adapter directory (None for a full model), after
     checking the base it names: a local model directory whose weights are those the adapter was
@@ -89,14 +129,52 @@ def adapter_of(model_path: str) -> Optional[AdapterDir]:
     from mopd.core.fingerprint import model_fingerprint
 
     adapter = read_adapter_dir(model_path)
-    base = Path(adapter.base_path).expanduser()
+    base = resolve_base_dir(adapter.base_path) or Path(adapter.base_path).expanduser()
     if not (base / "config.json").is_file():
         raise AdapterDirError(f"{model_path} is an adapter over {adapter.base_path}, which is not a model directory "
                               "here: put the base model there (or edit mopd_base.json), or evaluate a merged export "
                               "(`mopd export RUN` without --adapter)")
+    check_adapter_files(adapter)
     have = model_fingerprint(base)["weights"]
     if adapter.base_weights and have and have != adapter.base_weights:
         raise AdapterDirError(f"{model_path} is an adapter over another base model (weights "
                               f"{adapter.base_weights[:12]}; {adapter.base_path} has {have[:12]}): give it the base "
                               "it was trained on, or evaluate a merged export")
     return adapter
+
+
+def check_adapter_files(adapter: AdapterDir) -> None:
+    """The adapter's tensors read (a cut file is one line) and fit its config: every ``lora_A`` has
+    ``r`` rows and every ``lora_B`` ``r`` columns (AdapterDirError naming the file otherwise)."""
+    f = Path(adapter.path) / ADAPTER_WEIGHTS
+    shapes = safetensors_shapes(f)
+    r = adapter.rank
+    bad = [(k, s) for k, s in shapes.items()
+           if (".lora_A." in k and (len(s) != 2 or s[0] != r)) or (".lora_B." in k and (len(s) != 2 or s[1] != r))]
+    if bad:
+        k, s = bad[0]
+        raise AdapterDirError(f"{f}: tensor {k} has shape {list(s)}, which does not fit rank r={r} of its "
+                              f"{Path(adapter.path) / ADAPTER_CONFIG} ({len(bad)} such tensors)")
+    if not any(".lora_A." in k for k in shapes):
+        raise AdapterDirError(f"{f} holds no LoRA tensor (lora_A/lora_B)")
+
+
+def safetensors_shapes(f: Path) -> Dict[str, Tuple[int, ...]]:
+    """The tensor shapes in a safetensors file's header, after checking the file holds all the data
+    its header announces (AdapterDirError naming the file otherwise)."""
+    try:
+        size = f.stat().st_size
+        with f.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError("shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise ValueError("its header is cut")
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError) as e:
+        raise AdapterDirError(f"{f} cannot be read ({e}): write the adapter again") from None
+    end = 8 + n + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if size < end:
+        raise AdapterDirError(f"{f} is cut ({size} of {end} bytes): write the adapter again")
+    return {k: tuple(v.get("shape", ())) for k, v in header.items() if k != "__metadata__"}

@@ -18,7 +18,6 @@ from typing import Optional
 from mopd.pipeline.config import PipelineConfig, _flag
 from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage
 from mopd.train.memory_plan import ModelShape, PlanError, load_model_config
-from mopd.train.memory_plan import _frozen_models
 from mopd.train.memory_plan import plan_memory
 
 GB = 1e9
@@ -49,26 +48,27 @@ def parameters(model: str) -> tuple[Optional[int], str]:
         return None, text.split(":")[0] if text.startswith("no config.json") else text
 
 
-def lora_parameters(run_cfg) -> tuple[Optional[int], str]:
+def lora_parameters(stage: TrainStage) -> tuple[Optional[int], str]:
     """A LoRA run's adapter parameter count from its base's config.json, or None and the reason."""
 
-    lora = run_cfg.model.lora
+    models = stage.models
     try:
-        return ModelShape.from_config(load_model_config(run_cfg.model.path)).lora_params(lora.rank,
-                                                                                         lora.target_modules), ""
+        return ModelShape.from_config(load_model_config(models.base)).lora_params(models.adapters.rank,
+                                                                                  models.adapters.target_modules), ""
     except (PlanError, OSError, ValueError) as e:
         text = str(e)
         return None, text.split(":")[0] if text.startswith("no config.json") else text
 
 
-def _frozen_configs(run_cfg) -> list:
-    """config.json of each frozen model the run loads; None (the policy's shape) for one not built
-    yet (a Stage-I export, when Stage II is planned before Stage I ran)."""
+def _frozen_configs(stage: TrainStage) -> list:
+    """config.json of each frozen model the run loads as a copy; None (the policy's shape) for the
+    base itself or one not built yet (a Stage-I export, when Stage II is planned before Stage I ran)."""
 
     out = []
-    for p in _frozen_models(run_cfg):
+    models = stage.models
+    for f in models.copies():
         try:
-            out.append(load_model_config(p) if p != run_cfg.model.path else None)
+            out.append(None if models.is_base(f.path) else load_model_config(f.path))
         except PlanError:
             out.append(None)
     return out
@@ -80,8 +80,8 @@ def _train_memory(stage: TrainStage, cfg: PipelineConfig) -> str:
 
     L = cfg.launcher
     try:
-        p = plan_memory(stage.config, gpu_gib=L.gpu_gib, world=L.gpus, frozen_configs=_frozen_configs(stage.config),
-                        retriever_gib=L.retriever_gib)
+        p = plan_memory(stage.config, gpu_gib=L.gpu_gib, world=L.gpus, frozen_configs=_frozen_configs(stage),
+                        retriever_gib=L.retriever_gib, models=stage.models)
     except Exception as e:   # a shape the planner cannot read, a value it refuses
         return f"unknown ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     verdict = "fits" if p.fits else "DOES NOT FIT: " + "; ".join(p.problems)
@@ -92,8 +92,8 @@ def _train_memory(stage: TrainStage, cfg: PipelineConfig) -> str:
 def footprint(stage: Stage, cfg: PipelineConfig) -> Footprint:
     """Memory per GPU and disk of one stage."""
     if isinstance(stage, TrainStage):
-        lora = stage.config.model.lora.enabled
-        n, why = lora_parameters(stage.config) if lora else parameters(stage.config.model.path)
+        lora = stage.models.trains_adapters
+        n, why = lora_parameters(stage) if lora else parameters(stage.config.model.path)
         what = f"{'adapter ' if lora else ''}parameters"
         keep = stage.config.trainer.keep_checkpoints + 1
         if n is None:
@@ -104,14 +104,14 @@ def footprint(stage: Stage, cfg: PipelineConfig) -> Footprint:
                          f"{_count(n) if lora else f'{n / 1e9:.2f}B'} {what}")
     if isinstance(stage, ExportStage):
         if stage.adapter:
-            n, why = lora_parameters(stage.train.config)
+            n, why = lora_parameters(stage.train)
             memory = "host RAM: the fp32 model" if cfg.launcher.kind == "subprocess" else \
                 "none beyond its training stage's (the same trainer)"
             if n is None:
                 return Footprint(memory, None, f"unknown ({why}); fp32 adapter weights")
             return Footprint(memory, 4 * n, f"fp32 adapter weights, 4 B x {_count(n)} parameters")
         n, why = parameters(stage.train.config.model.path)
-        lora = stage.train.config.model.lora.enabled
+        lora = stage.train.models.trains_adapters
         width = 2 if cfg.launcher.kind == "inprocess" and stage.train.config.model.dtype == "bfloat16" and not lora \
             else 4
         dtype = "bf16" if width == 2 else "fp32"

@@ -33,6 +33,7 @@ from mopd.pipeline.owner import check_live_owner
 from dataclasses import fields
 from mopd.config import identity_yaml
 from mopd.core.fingerprint import data_fingerprint, model_fingerprint
+from mopd.core.run_models import RunModels
 
 MARKER = "DONE"
 """A training run's marker (in its run directory)."""
@@ -188,10 +189,17 @@ class TrainStage(Stage):
     """The resolved run config."""
     overrides: List[str] = field(default_factory=list)
     """The overrides that resolve ``config`` from ``spec.preset``."""
+    planned_adapters: List[str] = field(default_factory=list)
+    """Paths an earlier stage writes an adapter to (a LoRA Stage I's, this stage's teacher)."""
 
     @property
     def run_dir(self) -> Path:
         return Path(self.config.trainer.out_dir)
+
+    @property
+    def models(self) -> RunModels:
+        """The run's models (:class:`mopd.core.run_models.RunModels`), the planned adapters known."""
+        return RunModels.from_config(self.config, planned_adapters=self.planned_adapters)
 
     def fingerprint(self) -> str:
         return stage_fingerprint(self.config)
@@ -370,7 +378,8 @@ def train_overrides(cfg: PipelineConfig, spec: TrainStageConfig, teacher: str = 
     return o + list(spec.overrides) + list(cfg.overrides)
 
 
-def _train_stage(cfg: PipelineConfig, key: str, group: str, spec: TrainStageConfig, teacher: str = "") -> TrainStage:
+def _train_stage(cfg: PipelineConfig, key: str, group: str, spec: TrainStageConfig, teacher: str = "",
+                 teacher_is_adapter: bool = False) -> TrainStage:
     overrides = train_overrides(cfg, spec, teacher)
     run_cfg = resolve(spec.preset, overrides)
     inputs = [cfg.model, cfg.data.train] + ([cfg.data.dev] if cfg.data.dev else [])
@@ -382,12 +391,13 @@ def _train_stage(cfg: PipelineConfig, key: str, group: str, spec: TrainStageConf
         inputs.append(teacher)
     title = f"{spec.name}: train {spec.preset}, {run_cfg.trainer.steps} steps"
     return TrainStage(key=key, group=group, title=title, inputs=inputs, outputs=[run_cfg.trainer.out_dir],
-                      spec=spec, config=run_cfg, overrides=overrides)
+                      spec=spec, config=run_cfg, overrides=overrides,
+                      planned_adapters=[teacher] if teacher and teacher_is_adapter else [])
 
 
 def is_lora(train: TrainStage) -> bool:
-    """Whether a training stage trains LoRA adapters over a frozen base (``model.lora.rank`` > 0)."""
-    return train.config.model.lora.enabled
+    """Whether a training stage trains LoRA adapters over a frozen base (``RunModels.trains_adapters``)."""
+    return train.models.trains_adapters
 
 
 def _export_stage(train: TrainStage, adapter: bool = False) -> ExportStage:
@@ -434,10 +444,12 @@ def plan(cfg: PipelineConfig) -> List[Stage]:
     stage1 = _train_stage(cfg, "stage1", "stage1", cfg.stage1)
     stages += [stage1, _export_stage(stage1)]
     teacher = str(stage1.run_dir / "export")
-    if is_lora(stage1):   # the teacher is the adapter alone; the evaluation reads the merged export
+    adapter_teacher = is_lora(stage1)
+    if adapter_teacher:   # the teacher is the adapter alone; the evaluation reads the merged export
         stages.append(_export_stage(stage1, adapter=True))
         teacher = str(stage1.run_dir / ADAPTER_EXPORT)
-    arms = [_train_stage(cfg, f"stage2.{k}", "stage2", spec, teacher=teacher) for k, spec in cfg.stage2.items()]
+    arms = [_train_stage(cfg, f"stage2.{k}", "stage2", spec, teacher, adapter_teacher)
+            for k, spec in cfg.stage2.items()]
     for arm in arms:
         stages += [arm, _export_stage(arm)]
     limits = {"cmas": stage1.config, "hmas": arms[0].config if arms else None}

@@ -16,7 +16,6 @@ LoRA); exports are :mod:`mopd.train.export`'s.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -24,7 +23,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.core.errors import Interrupted
 from mopd.train import checkpoint as ckpt
-from mopd.train import lora as lora_mod
 from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
 from mopd.train.errors import TrainingError
 from mopd.train.export import export_weights
@@ -60,14 +58,15 @@ class Checkpointer:
                 "bad_steps": t.bad_steps, "signalless_steps": t.signalless_steps,
                 "model_path": self.cfg.model.path, "method": self.cfg.method,
                 "base_model_weights": ckpt.run_base_model_weights(self.run_dir) or self._lora_base(),
-                "lora": asdict(self.cfg.model.lora) if self.cfg.model.lora.enabled else None,
+                "lora": t.models.record(),
                 # a step whose validation or log line was cut off: --resume does them first
                 "pending": None if self.pending is None else {k: float(v) for k, v in self.pending.items()}}
 
     def _lora_base(self) -> Optional[str]:
         """A LoRA run's base fingerprint where no run.json records it (a trainer driven from Python):
         an adapter-only checkpoint is nothing without the base it was trained over."""
-        return lora_mod.base_weights(self.cfg.model.path) if self.cfg.model.lora.enabled else None
+        models = self.trainer.models
+        return models.base_weights if models.trains_adapters else None
 
     def save(self) -> Path:
         """Checkpoint the current step; a second Ctrl-C during the write and a full disk are one line
@@ -231,10 +230,9 @@ class Checkpointer:
         if best is not None and best["step"] != t.step:
             step, source = best["step"], str(ckpt.best_checkpoint(self.run_dir).resolve())
             ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), t.model)
-        lora = self.cfg.model.lora if self.cfg.model.lora.enabled else None
         try:
-            return export_weights(t.model, t.tokenizer, out_dir, marker(self.run_dir, source, step), lora=lora,
-                                  base_path=self.cfg.model.path, adapter=adapter)
+            return export_weights(t.model, t.tokenizer, out_dir, marker(self.run_dir, source, step), models=t.models,
+                                  adapter=adapter)
         except ckpt.CheckpointError as e:
             raise TrainingError(str(e)) from None
 

@@ -13,16 +13,16 @@ from mopd.train.memory_plan import PlanError, rollout_config_for_gpu
 from mopd.train.model import resolve_dtype
 
 
-def build_trainer_engine(cfg, *, device: torch.device, world: int, rank: int, offer=None):
+def build_trainer_engine(cfg, *, device: torch.device, world: int, rank: int, offer=None, lora_rank: int = 0):
     """``(engine, memory note)``: the engine ``rollout.engine`` names, generating with the adapter's
-    rank when ``model.lora`` is on. ``offer``: ``(module, tokenizer)`` of a one-process trainer,
+    rank when the run trains adapters (``lora_rank``: ``RunModels.lora_rank``, 0 in full fine-tuning). ``offer``: ``(module, tokenizer)`` of a one-process trainer,
     which an engine that can sample from the very module being trained does (FSDP ranks generate
     different workloads, which sharded forwards cannot do: there every engine keeps its own copy,
     refreshed after every update). The note says what the memory plan chose for vLLM's GPU share
     (said on rank 0 before vLLM starts); empty when nothing was chosen."""
     rollout_cfg, note = engine_rollout_config(cfg, device=device, world=world, rank=rank)
     engine = build_engine(rollout_cfg, cfg.model.path, dtype=cfg.model.dtype, device=str(device),
-                          trainer_model=offer, lora_rank=cfg.model.lora.rank)
+                          trainer_model=offer, lora_rank=lora_rank)
     if cfg.trainer.old_logprobs == "rollout" and resolve_dtype(cfg.model.dtype, device) == torch.bfloat16:
         raise ConfigError(ROLLOUT_LOGPROBS_BF16 + f" (model.dtype={cfg.model.dtype} trains in bfloat16 on "
                           f"{device.type})")

@@ -20,12 +20,14 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mopd.core.model_dir import model_dir_problem, remote_code_trusted
+from mopd.core.run_models import Adapters, RunModels
 from mopd.train import lora as lora_mod
 from mopd.train.checkpoint import (STEP_DIR, CheckpointError, barrier, rank,
                                    list_checkpoints, load_model_weights, select_checkpoint)
@@ -61,12 +63,12 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike, source: dict, state_
     return install_dir(out_dir, source, write)
 
 
-def export_adapter(state: dict, lora, base_path: str, out_dir: str | os.PathLike, source: dict) -> Path:
-    """Write a LoRA adapter directory (PEFT's format and ``mopd_base.json``: the base it needs, by
-    fingerprint) atomically, as :func:`export_hf` writes a model; ``state``: rank 0's adapter tensors
-    under PEFT's names (:func:`mopd.train.lora.adapter_state_dict`)."""
+def export_adapter(state: dict, models: RunModels, out_dir: str | os.PathLike, source: dict) -> Path:
+    """Write the adapter ``state`` (PEFT names, :func:`mopd.train.lora.adapter_state_dict`) of a run
+    whose models are ``models`` as PEFT's adapter directory, with the base it needs recorded
+    resolved (its directory, or a Hub id, and its weights' fingerprint: ``RunModels.base_record``)."""
     return install_dir(out_dir, source, lambda tmp: lora_mod.write_adapter_dir(
-        tmp, state, lora, base_path, lora_mod.base_weights(base_path)))
+        tmp, state, models.adapters, models.base_record))
 
 
 def install_dir(out_dir: str | os.PathLike, source: dict, write: Callable[[Path], None]) -> Path:
@@ -114,41 +116,46 @@ def recorded_base_model(src: Path) -> str | None:
     return next((s["model_path"] for s in recorded_states(src) if s.get("model_path")), None)
 
 
-def recorded_lora(src: Path):
-    """The ``model.lora`` settings a run (or step directory) trained with (None: full fine-tuning):
-    the newest readable checkpoint's trainer_state.json."""
-    from mopd.config.inputs import LoraConfig
-
-    found = next(iter(recorded_states(src)), {}).get("lora")
-    if not isinstance(found, dict) or not found.get("rank"):
+def recorded_adapters(src: Path) -> Optional[Adapters]:
+    """The adapters a run (or step directory) trained (None: full fine-tuning): the newest readable
+    checkpoint's trainer_state.json, else the settings run.json recorded (a run with no checkpoint)."""
+    states = list(recorded_states(src))
+    if states:
+        return Adapters.from_record(states[0].get("lora"))
+    try:
+        conf = json.loads((run_of(src) / "run.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return LoraConfig(rank=int(found["rank"]), alpha=float(found["alpha"]), dropout=float(found["dropout"]),
-                      target_modules=tuple(found["target_modules"]))
+    if not isinstance(conf, dict):
+        return None
+    return Adapters.from_record({k.removeprefix("model.lora."): v for k, v in conf.items()
+                                 if k.startswith("model.lora.")})
 
 
-def _check_lora_base(src: Path, base_path: str) -> None:
+def _check_lora_base(src: Path, models: RunModels) -> None:
     """A LoRA checkpoint merged into (or exported for) a base of other weights than the one it was
     trained over would be garbage that loads: refused in one line (the weights' fingerprints)."""
     recorded = next(iter(recorded_states(src)), {}).get("base_model_weights")
-    have = lora_mod.base_weights(base_path)
+    have = models.base_weights
     if recorded and have and recorded != have:
         raise CheckpointError(f"{src} trained LoRA adapters over another base (weights {recorded[:12]}); "
-                              f"{base_path} has {have[:12]}: pass the base it was trained on (--base-model)")
+                              f"{models.base} has {have[:12]}: pass the base it was trained on (--base-model)")
 
 
-def export_weights(model, tokenizer, out_dir: str | os.PathLike, source: dict, *, lora=None,
-                   base_path: str = "", adapter: bool = False) -> Path:
-    """Export ``model`` as it is (every rank calls it): the full weights; with ``lora`` (the run's
-    ``model.lora`` over ``base_path``) the adapter merged into a fresh fp32 copy of the base, or the
-    adapter alone when ``adapter``."""
-    if lora is None:
+def export_weights(model, tokenizer, out_dir: str | os.PathLike, source: dict, *,
+                   models: Optional[RunModels] = None, adapter: bool = False) -> Path:
+    """Export ``model`` as it is (every rank calls it): the full weights; in a run that trains
+    adapters (``models``, :class:`mopd.core.run_models.RunModels`) the adapter merged into a fresh
+    fp32 copy of the base, or the adapter alone when ``adapter``."""
+    if models is None or not models.trains_adapters:
         if adapter:
             raise CheckpointError("--adapter: this run trains all weights (no LoRA): there is no adapter to export")
         return export_hf(model, tokenizer, out_dir, source)
     state = lora_mod.adapter_state_dict(model)   # a collective under FSDP: every rank
     if adapter:
-        return export_adapter(state, lora, base_path, out_dir, source)
-    merged = lora_mod.merged_model(base_path, lora, state, dtype=torch.float32) if rank() == 0 else model
+        return export_adapter(state, models, out_dir, source)
+    merged = lora_mod.merged_model(models.base, models.adapters, state, dtype=torch.float32) if rank() == 0 \
+        else model
     return export_hf(merged, tokenizer, out_dir, source, state_dict=merged.state_dict() if rank() == 0 else {})
 
 
@@ -182,19 +189,23 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise CheckpointError(f"{src} does not record its base model; pass --base-model DIR")
     if Path(base_model_path).is_dir() and model_dir_problem(base_model_path):
         raise CheckpointError(f"base model {base_model_path} {model_dir_problem(base_model_path)}")
-    lora = recorded_lora(src)
-    if adapter and lora is None:
+    adapters = recorded_adapters(src)
+    if adapter and adapters is None:
         raise CheckpointError(f"--adapter: {src} trained all weights (no LoRA): there is no adapter to export")
+    if not list_checkpoints(run) and not STEP_DIR.match(src.name):
+        raise CheckpointError(f"{src} has no checkpoint yet (it saves every trainer.checkpoint_every steps and at "
+                              "its end): nothing to export")
+    models = RunModels(base_model_path, adapters, ())
     trusted = remote_code_trusted()
     try:
         model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32, trust_remote_code=trusted)
         tok = AutoTokenizer.from_pretrained(base_model_path, trust_remote_code=trusted)
     except (OSError, ValueError) as e:   # not a directory, not in the Hub cache (the Hub is not asked offline)
         raise CheckpointError(f"base model {base_model_path} cannot be loaded: {str(e).splitlines()[0][:200]}") from None
-    if lora is not None:
-        _check_lora_base(src, base_model_path)
+    if adapters is not None:
+        _check_lora_base(src, models)
         try:
-            lora_mod.add_adapters(model, lora, base_model_path)
+            lora_mod.add_adapters(model, adapters, base_model_path)
         except lora_mod.LoraError as e:
             raise CheckpointError(f"{src}: {e}") from None
     ckpt, notes = select_checkpoint(src, which, model=model)
@@ -204,11 +215,11 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     load_model_weights(ckpt, model, verify=False)   # select_checkpoint verified it
     step = STEP_DIR.match(ckpt.name)
     source = marker(run, str(ckpt.resolve()), int(step.group(1)) if step else None)
-    if lora is None:
+    if adapters is None:
         return export_hf(model, tok, out_dir, source)
     state = lora_mod.adapter_state_dict(model)
     if adapter:
-        return export_adapter(state, lora, base_model_path, out_dir, source)
+        return export_adapter(state, models, out_dir, source)
     del model
-    merged = lora_mod.merged_model(base_model_path, lora, state, dtype=torch.float32)
+    merged = lora_mod.merged_model(base_model_path, adapters, state, dtype=torch.float32)
     return export_hf(merged, tok, out_dir, source)

@@ -36,7 +36,7 @@ from torch import nn
 
 from mopd.core.adapter_dir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_FILE, PEFT_PREFIX, AdapterDirError,
                                    read_adapter_dir)
-from mopd.core.fingerprint import model_fingerprint
+from mopd.core.run_models import Adapters, RunModelsError, check_targets, structure_of
 
 STUDENT = "default"
 """The name of the adapter being trained (PEFT's default name)."""
@@ -47,30 +47,38 @@ class LoraError(RuntimeError):
     line (the trainer says it as a ModelLoadError, an export as a CheckpointError)."""
 
 
-def peft_config(lora, base_path: str = "", *, frozen: bool = False):
-    """PEFT's ``LoraConfig`` for ``model.lora`` (a :class:`mopd.config.inputs.LoraConfig`)."""
+def peft_config(adapters: Adapters, base_path: str = "", *, frozen: bool = False):
+    """PEFT's ``LoraConfig`` for the run's adapters (:class:`mopd.core.run_models.Adapters`)."""
     from peft import LoraConfig
 
-    targets = "all-linear" if tuple(lora.target_modules) == ("all-linear",) else list(lora.target_modules)
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0 if frozen else lora.dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM",
+    adapters = Adapters.of(adapters)
+    return LoraConfig(r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=0.0 if frozen else adapters.dropout,
+                      target_modules=adapters.peft_targets(), bias="none", task_type="CAUSAL_LM",
                       base_model_name_or_path=base_path or None, inference_mode=frozen)
 
 
-def add_adapters(model: nn.Module, lora, base_path: str = "") -> None:
+def add_adapters(model: nn.Module, adapters: Adapters, base_path: str = "") -> None:
     """Inject the trainable LoRA adapters into ``model`` in place and freeze everything else.
 
-    The adapters are created in fp32 whatever the base's dtype (PEFT's ``cast_adapter_dtype``):
-    AdamW on bf16 adapters would lose small updates to rounding as bf16 masters do. The lm head is
-    never adapted (``model.lora.target_modules`` refuses it): the fused loss head takes it as one
-    plain, frozen weight, and then skips its weight gradient."""
+    The target names are checked against the model's modules first
+    (:func:`mopd.core.run_models.check_targets`: a name that matches nothing, a tied embedding, a
+    rank over a layer's width are one line). The adapters are created in fp32 whatever the base's
+    dtype (PEFT's ``cast_adapter_dtype``): AdamW on bf16 adapters would lose small updates to
+    rounding as bf16 masters do. The lm head is never adapted (``model.lora.target_modules``
+    refuses it): the fused loss head takes it as one plain, frozen weight, and then skips its
+    weight gradient."""
     from peft.functional import cast_adapter_dtype, inject_adapter_in_model
 
+    adapters = Adapters.of(adapters)
+    try:
+        check_targets(adapters, structure_of(model))
+    except RunModelsError as e:
+        raise LoraError(str(e)) from None
     model.requires_grad_(False)
     try:
-        inject_adapter_in_model(peft_config(lora, base_path), model, adapter_name=STUDENT)
+        inject_adapter_in_model(peft_config(adapters, base_path), model, adapter_name=STUDENT)
     except ValueError as e:   # PEFT: "Target modules {...} not found in the base model"
-        raise LoraError(f"model.lora.target_modules={','.join(lora.target_modules)}: {_first_line(e)}") from None
+        raise LoraError(f"model.lora.target_modules={','.join(adapters.target_modules)}: {_first_line(e)}") from None
     cast_adapter_dtype(model, STUDENT, autocast_adapter_dtype=True)
     if not any(p.requires_grad for p in model.parameters()):
         raise LoraError("model.lora: no adapter parameter was created (model.lora.target_modules)")
@@ -90,18 +98,16 @@ def is_lora_layer(module: nn.Module) -> bool:
     return isinstance(module, LoraLayer)
 
 
-def settings_of(model: nn.Module):
-    """The ``model.lora`` settings (:class:`mopd.config.inputs.LoraConfig`) of the student's adapter
-    in ``model``, read from its LoRA layers (rank, alpha, the adapted modules' names)."""
-    from mopd.config.inputs import LoraConfig
-
+def settings_of(model: nn.Module) -> Adapters:
+    """The settings (:class:`mopd.core.run_models.Adapters`) of the student's adapter in ``model``,
+    read from its LoRA layers (rank, alpha, the adapted modules' names)."""
     layers = [(n, m) for n, m in model.named_modules() if is_lora_layer(m) and STUDENT in m.r]
     if not layers:
         raise LoraError("the model has no LoRA adapter to read")
     _, first = layers[0]
     targets = tuple(sorted({n.rpartition(".")[2] for n, _ in layers}))
-    return LoraConfig(rank=first.r[STUDENT], alpha=float(first.lora_alpha[STUDENT]), dropout=0.0,
-                      target_modules=targets)
+    return Adapters(rank=first.r[STUDENT], alpha=float(first.lora_alpha[STUDENT]), dropout=0.0,
+                    target_modules=targets)
 
 
 def adapter_parameter_count(model: nn.Module, name: str = STUDENT) -> int:
@@ -192,29 +198,20 @@ def adapter_state_dict(model: nn.Module, name: str = STUDENT) -> Dict[str, torch
     return state
 
 
-def write_adapter_dir(out: Path, state: Dict[str, torch.Tensor], lora, base_path: str,
-                      base_weights: Optional[str]) -> None:
-    """Write PEFT's adapter files and ``mopd_base.json`` into the (new, private) directory ``out``."""
+def write_adapter_dir(out: Path, state: Dict[str, torch.Tensor], adapters: Adapters, base: dict) -> None:
+    """Write PEFT's adapter files and ``mopd_base.json`` into the (new, private) directory ``out``.
+    ``base``: the base it needs, ``{"path", "weights"}`` (``RunModels.base_record``: resolved, so the
+    adapter works from any working directory)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    peft_config(lora, base_path).save_pretrained(str(out))
-    (out / BASE_FILE).write_text(json.dumps({"path": base_path, "weights": base_weights}, indent=1))
+    peft_config(adapters, base.get("path") or "").save_pretrained(str(out))
+    (out / BASE_FILE).write_text(json.dumps({"path": base.get("path") or "", "weights": base.get("weights")},
+                                            indent=1))
 
 
-def lora_settings_of(adapter_dir: str):
-    """``model.lora`` settings (:class:`mopd.config.inputs.LoraConfig`) of a saved adapter."""
-    from mopd.config.inputs import LoraConfig
-
-    c = read_adapter_dir(adapter_dir).config
-    targets = c.get("target_modules") or ()
-    targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets))
-    return LoraConfig(rank=int(c["r"]), alpha=float(c.get("lora_alpha", c["r"])), dropout=0.0,
-                      target_modules=targets)
-
-
-def merged_model(base_path: str, lora, state: Dict[str, torch.Tensor], *, dtype: torch.dtype):
+def merged_model(base_path: str, adapters: Adapters, state: Dict[str, torch.Tensor], *, dtype: torch.dtype):
     """The base model at ``base_path`` with the adapter ``state`` (PEFT names) merged into its
     weights: a plain Hugging Face model (CPU) that loads and runs without PEFT. PEFT's
     ``merge_and_unload`` does the merge (W + alpha/r * B A, in the base's dtype)."""
@@ -224,7 +221,7 @@ def merged_model(base_path: str, lora, state: Dict[str, torch.Tensor], *, dtype:
     from mopd.core.model_dir import remote_code_trusted
 
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, trust_remote_code=remote_code_trusted())
-    wrapped = get_peft_model(base, peft_config(lora, base_path))
+    wrapped = get_peft_model(base, peft_config(adapters, base_path))
     result = set_peft_model_state_dict(wrapped, state)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     if unexpected:
@@ -248,23 +245,6 @@ def merge_adapter(model: nn.Module, adapter_dir: str) -> nn.Module:
     return wrapped.merge_and_unload()
 
 
-def base_weights(path: str) -> Optional[str]:
-    """The fingerprint of a base model directory's weights (None for a Hub id)."""
-    return model_fingerprint(path)["weights"]
-
-
-def check_same_base(adapter_dir: str, base_path: str, what: str) -> None:
-    """One line (LoraError) unless the adapter at ``adapter_dir`` was trained over the weights at
-    ``base_path`` (compared by fingerprint, not by path: a moved or renamed copy is the same base,
-    a retrained one at the same path is not)."""
-    need = read_adapter_dir(adapter_dir).base_weights
-    have = base_weights(base_path)
-    if need and have and need != have:
-        raise LoraError(f"{what} {adapter_dir} is an adapter over another base model (weights {need[:12]}, "
-                        f"model.path {base_path} has {have[:12]}): give the base it was trained on, or a merged "
-                        "export (`mopd export RUN` without --adapter)")
-
-
 def _is_adapter_param(name: str, adapter: str) -> bool:
     return ".lora_" in name and f".{adapter}." in name + "."
 
@@ -283,5 +263,5 @@ def _first_line(e: BaseException) -> str:
 
 
 __all__ = ["ADAPTER_CONFIG", "STUDENT", "AdapterView", "LoraError", "active_adapter", "adapter_parameter_count",
-           "adapter_state_dict", "add_adapters", "base_weights", "check_same_base", "is_adapted",
+           "adapter_state_dict", "add_adapters", "is_adapted",
            "load_frozen_adapter", "merged_model", "write_adapter_dir"]

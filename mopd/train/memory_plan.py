@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mopd.config import DEFAULT_GPU_MEMORY_UTILIZATION, MEMORY_HEADROOM_GIB, free_memory_share
+from mopd.core.run_models import RunModels
 
 GIB = 2 ** 30
 BUNDLED = Path(__file__).parent / "model_configs"
@@ -200,36 +201,9 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _frozen_models(cfg) -> list[str]:
-    """Directories of the frozen models a run loads (teacher, reference), each once."""
-    paths = []
-    if cfg.opd_roles():
-        paths.append(cfg.teacher.path or cfg.model.path)
-    if cfg.reference_roles():
-        ref = cfg.reference_path() or cfg.model.path
-        if ref not in paths:
-            paths.append(ref)
-    return paths
-
-
-def _adapter_frozen(cfg) -> list[str]:
-    """LoRA runs: the frozen models that are views of the policy's base, not copies (``mopd.train.
-    teacher``): the base itself, an adapter directory, or a teacher not yet named or not yet written
-    (a LoRA pipeline's Stage II takes the Stage-I adapter, which its dry run plans before it exists).
-    What a plan cannot tell from a path (a Hub id that is not the base) is counted as a copy."""
-    from mopd.core.adapter_dir import is_adapter_dir
-
-    def unwritten_local(p: str) -> bool:   # a local path (not a Hub id "org/name") that is not there yet
-        return not Path(p).expanduser().exists() and (p.startswith(("/", ".", "~")) or p.count("/") >= 2)
-
-    def view(p: str) -> bool:
-        return p == cfg.model.path or not p or is_adapter_dir(p) or unwritten_local(p)
-
-    return [p for p in _frozen_models(cfg) if view(p)]
-
-
 def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config: dict | None = None,
-                frozen_configs: list[dict] | None = None, retriever_gib: float = 0.0) -> MemoryPlan:
+                frozen_configs: list[dict] | None = None, retriever_gib: float = 0.0,
+                models: RunModels | None = None) -> MemoryPlan:
     """The per-GPU plan of ``cfg`` on ``world`` GPUs of ``gpu_gib`` each (see the module docstring).
 
     ``retriever_gib``: what a retriever served on the same GPUs holds on each for the whole run
@@ -237,21 +211,22 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     both phases, and vLLM counts it as taken when it starts and when it wakes its KV cache after
     the updates (vLLM checks free memory then, not later), so it must fit beside vLLM's share.
 
-    ``model_config``/``frozen_configs`` default to the config.json files the run would load; a
+    ``model_config``/``frozen_configs`` default to the config.json files the run would load
+    (``frozen_configs``: one per frozen model the run loads as a copy, ``RunModels.copies()``); a
     frozen model without a path of its own (a preset before ``teacher.path`` is set) is assumed to
-    have the policy's shape, as a Stage-I export has.
+    have the policy's shape, as a Stage-I export has. ``models``: the run's models
+    (:class:`mopd.core.run_models.RunModels`, which says which frozen model is a view of the base
+    and which a copy); by default built from ``cfg``.
     """
     if world < 1 or gpu_gib <= 0 or retriever_gib < 0:
         raise PlanError(f"world={world} and gpu_gib={gpu_gib} must be positive, retriever_gib={retriever_gib} "
                         "not negative")
     shape = ModelShape.from_config(model_config or load_model_config(cfg.model.path))
-    lora = cfg.model.lora if cfg.model.lora.enabled else None
-    views = _adapter_frozen(cfg) if lora else []
-    copies = [p for p in _frozen_models(cfg) if p not in views]
+    models = models or RunModels.from_config(cfg)
+    lora = models.adapters
+    views, copies = models.views(), models.copies()
     if frozen_configs is None:
-        frozen_configs = [load_model_config(p) if p != cfg.model.path else None for p in copies]
-    elif lora:   # given for every frozen model: the views' configs are not copies
-        frozen_configs = [c for p, c in zip(_frozen_models(cfg), frozen_configs) if p not in views]
+        frozen_configs = [None if models.is_base(f.path) else load_model_config(f.path) for f in copies]
     frozen = [ModelShape.from_config(c) if c else shape for c in frozen_configs]
     plan = MemoryPlan(gpu_gib=gpu_gib, world=world, shape=shape, lora_views=len(views))
     P, W = shape.params, world
@@ -263,7 +238,7 @@ def plan_memory(cfg, *, gpu_gib: float = H200_GIB, world: int = 8, model_config:
     # LoRA the frozen bf16 base (once) and the fp32 adapters with their moments
     if lora:
         A = shape.lora_params(lora.rank, lora.target_modules)
-        adapters = 4 * A * (1 + sum(1 for p in views if p != cfg.model.path))   # the student's + each adapter view
+        adapters = 4 * A * (1 + len(models.adapter_views()))   # the student's + each adapter view
         state = [Item("frozen base, bf16 (shard)", 2 * P / W / GIB, f"2 B x {P / 1e9:.2f}B / {W}, held once"),
                  Item("LoRA adapters, fp32 (shard)", adapters / W / GIB,
                       f"rank {lora.rank}: {A / 1e6:.1f}M parameters" + (f"; + {len(views)} frozen view(s)"

@@ -77,18 +77,18 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn:
 
     A LoRA adapter directory (``mopd export --adapter``, or any PEFT adapter) loads as its base
     model with the adapter merged into the weights (the base must still be the one it was trained
-    over: :func:`mopd.train.lora.check_same_base`)."""
+    over: :func:`mopd.core.adapter_dir.adapter_of`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mopd.core.adapter_dir import AdapterDirError, is_adapter_dir, read_adapter_dir
+    from mopd.core.adapter_dir import AdapterDirError, adapter_of, resolve_base_dir
     from mopd.train import lora, packed_attention
 
-    if is_adapter_dir(path):
-        try:
-            base = read_adapter_dir(path).base_path
-            lora.check_same_base(path, base, "the adapter")
-        except (AdapterDirError, lora.LoraError) as e:
-            raise ModelLoadError(str(e)) from None
+    try:
+        adapter = adapter_of(path)   # None for a full model; the base checked by its weights
+    except AdapterDirError as e:
+        raise ModelLoadError(str(e)) from None
+    if adapter is not None:
+        base = str(resolve_base_dir(adapter.base_path) or adapter.base_path)
         model, tok = load_causal_lm(base, dtype=dtype, device=device, attn=attn, use_liger=use_liger)
         try:
             return lora.merge_adapter(model, path), tok
@@ -249,13 +249,13 @@ def master_dtype(name: str, device: torch.device, sharded: bool) -> torch.dtype:
     return resolve_dtype(name, device)
 
 
-def policy_dtype(model_cfg, device: torch.device, sharded: bool) -> torch.dtype:
+def policy_dtype(name: str, device: torch.device, sharded: bool, *, frozen_base: bool = False) -> torch.dtype:
     """The dtype the policy's weights are loaded in: the master dtype in full fine-tuning
-    (:func:`master_dtype`); with LoRA the compute dtype, since the base is frozen (nothing to keep
-    small updates for: the adapters, created in fp32, are the masters)."""
-    if model_cfg.lora.enabled:
-        return resolve_dtype(model_cfg.dtype, device)
-    return master_dtype(model_cfg.dtype, device, sharded)
+    (:func:`master_dtype`); with a frozen base (LoRA: ``RunModels.trains_adapters``) the compute
+    dtype (nothing to keep small updates for: the adapters, created in fp32, are the masters)."""
+    if frozen_base:
+        return resolve_dtype(name, device)
+    return master_dtype(name, device, sharded)
 
 
 def mixed_precision_policies(enabled: bool):

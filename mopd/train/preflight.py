@@ -13,10 +13,12 @@ import socket
 from datetime import timedelta
 from pathlib import Path
 
+from mopd.core.adapter_dir import AdapterDirError, adapter_of, resolve_base_dir
 from mopd.core.errors import UserError
 from mopd.core.model_dir import model_dir_problem
 from mopd.core.model_weights import tokenizer_length, weights_problem
 from mopd.core.qa import DataError, load_questions
+from mopd.core.run_models import MERGED_COPY, VIEW_ADAPTER, RunModels
 from mopd.retriever import HttpRetriever, RetrieverUnavailable
 from mopd.retriever.identity import NO_RETRIEVER, is_bundled
 from mopd.retriever.index_check import check_index
@@ -146,12 +148,43 @@ def check_training_inputs(cfg, env=None) -> list[str]:
         raise
 
 
-def _check_training_inputs(cfg) -> list[str]:
+def check_run_models(cfg) -> None:
+    """The policy's base, its adapters and the frozen models (:class:`mopd.core.run_models.RunModels`):
+    a frozen model that is a view of the base with an adapter needs an adapter directory over these
+    weights, one of its own a model directory (or an adapter directory, loaded merged)."""
     check_model_path("model.path", cfg.model.path)
-    if cfg.opd_roles():
-        check_model_path("teacher.path", cfg.teacher.path)
-    if cfg.reference_roles():
-        check_model_path("reference.path" if cfg.reference.path else "teacher.path", cfg.reference_path())
+    models = RunModels.from_config(cfg)
+    for f in models.frozen:
+        key = f"{f.role}.path" if f.role == "teacher" or cfg.reference.path else "teacher.path"
+        if not f.path:
+            check_model_path(key, f.path)
+        elif f.kind == VIEW_ADAPTER and f.planned:
+            raise PreflightError(f"{key}={f.path} does not exist (an adapter directory `mopd train --export-adapter` "
+                                 "or `mopd export RUN --adapter` writes, or a model directory)")
+        elif f.kind in (VIEW_ADAPTER, MERGED_COPY):
+            _check_adapter(key, f.path, models)
+        else:
+            check_model_path(key, f.path)
+    try:
+        models.check()
+    except UserError as e:
+        raise PreflightError(str(e)) from None
+
+
+def _check_adapter(key: str, path: str, models: RunModels) -> None:
+    try:
+        adapter = adapter_of(path)   # reads, fits its config, its base is there with its weights
+    except AdapterDirError as e:
+        raise PreflightError(f"{key}: {e}") from None
+    if models.trains_adapters:
+        return
+    problem = model_dir_problem(resolve_base_dir(adapter.base_path) or adapter.base_path)
+    if problem:
+        raise PreflightError(f"{key}={path} is an adapter over {adapter.base_path}, which {problem}")
+
+
+def _check_training_inputs(cfg) -> list[str]:
+    check_run_models(cfg)
     train = _questions("data.train", cfg.data.train, cfg.data.skip_malformed)
     check_step_size(cfg.trainer.questions_per_step, len(train), cfg.data.train)
     notes = []

@@ -93,9 +93,15 @@ def retriever_record(cfg) -> dict:
         return {"kind": cfg.kind, **where, "fingerprint": None}
 
 
+def _as_recorded(value):
+    """A setting as run.json holds it (JSON's values): a tuple given now and the list it was
+    recorded as compare equal, for every list-valued setting."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def _comparable(ident: dict) -> dict:
     """One flat dict of everything compared on resume."""
-    out = {k: v for k, v in ident.get("config", {}).items() if k not in NEVER_COMPARED}
+    out = {k: _as_recorded(v) for k, v in ident.get("config", {}).items() if k not in NEVER_COMPARED}
     if not out.get("model.lora.rank"):   # LoRA off (or a run from before it existed): its settings say nothing
         out = {k: v for k, v in out.items() if not k.startswith("model.lora.")}
     if out.get("reward.kl_type", "k1") == "k1":   # k1, what a run from before the setting used

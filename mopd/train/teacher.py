@@ -7,24 +7,25 @@ reference's enter the KL terms. Under torchrun they are FSDP2-sharded like the s
 with their shards offloaded to CPU between passes). In the paper both are the Stage-I policy (one
 model, loaded once); base_teacher makes the teacher pi_0 and keeps the Stage-I reference.
 
-In a LoRA run (``model.lora.rank`` > 0) a frozen model over the policy's own base is no copy but
-a view of the policy's module (:class:`mopd.train.lora.AdapterView`): an adapter directory over that
-base (the Stage-I run's ``mopd export --adapter``) is attached to the policy before it is sharded
+Whether a frozen model is a copy or, in a LoRA run, a view of the policy's own base is the run's
+models' one rule (:class:`mopd.core.run_models.RunModels`). A view scores through the policy's
+module (:class:`mopd.train.lora.AdapterView`): an adapter directory over that base (the Stage-I
+run's ``mopd export --adapter``) is attached to the policy before it is sharded
 (:func:`attach_adapters`) and scores with that adapter alone active; the base itself (pi_0, e.g.
-base_teacher's teacher) scores with no adapter active. Any other directory, or any frozen model of
-a full fine-tuning run, is loaded as its own model, as before (an adapter directory then as its base
-with the adapter merged).
+base_teacher's teacher) scores with no adapter active. A copy is loaded as its own model (an
+adapter directory then as its base with the adapter merged).
 """
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-from mopd.core.adapter_dir import AdapterDirError, is_adapter_dir
+from mopd.core.adapter_dir import AdapterDirError
+from mopd.core.errors import UserError
+from mopd.core.run_models import FrozenModel, RunModels
 from mopd.train import lora
 from mopd.train.model import (ModelLoadError, PackedCausalLM, check_same_tokenizer, load_causal_lm, resolve_dtype,
                               shard_model)
@@ -64,80 +65,45 @@ class FrozenModels(NamedTuple):
     same directory."""
 
 
-def frozen_paths(cfg) -> dict:
-    """``{"teacher": path, "reference": path}`` of the frozen models the config needs (either may be
-    absent)."""
-    out = {}
-    if cfg.opd_roles():
-        out["teacher"] = cfg.teacher.path
-    if cfg.reference_roles():
-        out["reference"] = cfg.reference_path()
-    return out
-
-
-def _key(path: str) -> str:
-    return os.path.realpath(os.path.expanduser(path))
-
-
-def view_adapters(cfg) -> dict:
-    """LoRA runs: ``{resolved path: adapter name}`` of the frozen models that are adapters over the
-    policy's base (one name per directory: a teacher that is also the reference is attached once)."""
-    if not cfg.model.lora.enabled:
-        return {}
-    names = {}
-    for name, path in frozen_paths(cfg).items():
-        if is_adapter_dir(path):
-            names.setdefault(_key(path), name)
-    return names
-
-
-def is_base(cfg, path: str) -> bool:
-    """LoRA runs: whether ``path`` is the policy's base model itself (by the fingerprint of its weights)."""
-    if not cfg.model.lora.enabled or is_adapter_dir(path):
-        return False
-    mine = lora.base_weights(cfg.model.path)
-    return _key(path) == _key(cfg.model.path) or (mine is not None and lora.base_weights(path) == mine)
-
-
-def attach_adapters(cfg, model) -> None:
+def attach_adapters(models: RunModels, model) -> None:
     """A LoRA run's adapters, before the policy is sharded or given an optimizer: the student's
-    (trainable) and those of the frozen models that are adapters over the same base (frozen; a base
-    of another fingerprint is refused in one line). Nothing without ``model.lora``."""
-    if not cfg.model.lora.enabled:
+    (trainable) and those of the frozen models that are adapter views of the same base (frozen; an
+    adapter over other base weights is refused in one line). Nothing in full fine-tuning."""
+    if not models.trains_adapters:
         return
     try:
-        lora.add_adapters(model, cfg.model.lora, cfg.model.path)
+        lora.add_adapters(model, models.adapters, models.base)
     except lora.LoraError as e:
         raise ModelLoadError(str(e)) from None
-    for path, name in view_adapters(cfg).items():
+    for f in models.adapter_views():
         try:
-            lora.check_same_base(path, cfg.model.path, f"{name}.path")
-            lora.load_frozen_adapter(model, path, name)
-        except lora.LoraError as e:
+            models.check_adapter_view(f)
+            lora.load_frozen_adapter(model, f.path, f.adapter_name)
+        except (lora.LoraError, UserError) as e:
             raise ModelLoadError(str(e)) from None
         except AdapterDirError as e:
-            raise ModelLoadError(f"{name}.path: {e}") from None
+            raise ModelLoadError(f"{f.role}.path: {e}") from None
 
 
 def load_frozen_models(cfg, *, student_tokenizer, device: torch.device, shard: bool = False,
-                       policy=None) -> FrozenModels:
+                       policy=None, models: Optional[RunModels] = None) -> FrozenModels:
     """The teacher and the reference a config needs (``Config.opd_roles`` / ``reference_roles``),
-    each loaded at most once: equal directories give one model. In a LoRA run (``policy``: the
-    trainer's PackedCausalLM after :func:`attach_adapters`) those over the policy's base are views
-    of it (:class:`mopd.train.lora.AdapterView`), loading nothing."""
+    each loaded at most once: equal directories give one model. The views of a LoRA run's base
+    (``models``, :class:`mopd.core.run_models.RunModels`; ``policy``: the trainer's PackedCausalLM
+    after :func:`attach_adapters`) score through the policy (:class:`mopd.train.lora.AdapterView`),
+    loading nothing."""
+    models = models or RunModels.from_config(cfg)
     loaded = {}
-    views = view_adapters(cfg)
 
-    def load(path: str) -> Teacher:
-        key = _key(path)
-        if key not in loaded and policy is not None and (key in views or is_base(cfg, path)):
-            loaded[key] = lora.AdapterView(policy, views.get(key), path)
+    def load(f: FrozenModel):
+        key = f.key or models.base
+        if key not in loaded and policy is not None and f.is_view:
+            loaded[key] = lora.AdapterView(policy, f.adapter_name, f.path or models.base)
         if key not in loaded:
-            loaded[key] = Teacher(path, student_tokenizer=student_tokenizer, device=device,
+            loaded[key] = Teacher(f.path, student_tokenizer=student_tokenizer, device=device,
                                   dtype=cfg.model.dtype, attn=cfg.model.attn_implementation, shard=shard,
                                   cpu_offload=cfg.teacher.cpu_offload)
         return loaded[key]
 
-    teacher = load(cfg.teacher.path) if cfg.opd_roles() else None
-    reference = load(cfg.reference_path()) if cfg.reference_roles() else None
-    return FrozenModels(teacher, reference)
+    teacher, reference = models.teacher, models.reference
+    return FrozenModels(load(teacher) if teacher else None, load(reference) if reference else None)

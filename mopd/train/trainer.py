@@ -30,6 +30,7 @@ from mopd.algo.rewards import role_reward_objects
 from mopd.config import Config, to_dict, to_yaml
 from mopd.core.errors import Interrupted
 from mopd.core.roles import role_id
+from mopd.core.run_models import RunModels
 from mopd.retriever import RetrieverUnavailable, load_retriever
 from mopd.rollout.async_scheduler import run_rollout
 from mopd.rollout.chat import check_chat_template
@@ -80,10 +81,13 @@ class PolicyTrainer:
 
         # Sharded whenever a process group exists: every rank under torchrun, and one GPU alone.
         self.sharded = dist.is_initialized()
+        self.models = RunModels.from_config(cfg)
+        """The base, the adapters, and which frozen model is a view of the base (the one place that knows)."""
         self.model, self.tokenizer = load_causal_lm(
-            cfg.model.path, dtype=policy_dtype(cfg.model, self.device, self.sharded),
+            cfg.model.path, dtype=policy_dtype(cfg.model.dtype, self.device, self.sharded,
+                                               frozen_base=self.models.trains_adapters),
             device=self.device, attn=cfg.model.attn_implementation, use_liger=cfg.model.use_liger)
-        attach_adapters(cfg, self.model)   # LoRA: the student's adapter and the frozen ones over this base
+        attach_adapters(self.models, self.model)   # LoRA: the student's adapter and the frozen ones over this base
 
         check_chat_template(self.tokenizer, cfg.model.chat_template_kwargs, name=cfg.model.path)
         self.model.train()
@@ -98,7 +102,7 @@ class PolicyTrainer:
         # Replicated in bf16 on every GPU when the memory plan fits that way (no all-gathers while scoring).
         self.frozen_sharded = self.sharded and shard_frozen_models(cfg, self.world)
         self.frozen = load_frozen_models(cfg, student_tokenizer=self.tokenizer, device=self.device,
-                                         shard=self.frozen_sharded, policy=self.policy)
+                                         shard=self.frozen_sharded, policy=self.policy, models=self.models)
         # every parameter in full fine-tuning; the adapters alone with LoRA (the base is frozen)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         # fused where torch has it (mopd.train.optimizer): chosen once, kept across a resume
@@ -109,7 +113,7 @@ class PolicyTrainer:
 
         self.engine, self.memory_note = build_trainer_engine(
             cfg, device=self.device, world=self.world, rank=self.rank,
-            offer=None if self.sharded else (self.model, self.tokenizer))
+            offer=None if self.sharded else (self.model, self.tokenizer), lora_rank=self.models.lora_rank)
         if retriever is None:
             retriever = load_retriever(cfg.retriever)
         self.retriever = retriever

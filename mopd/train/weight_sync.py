@@ -179,7 +179,7 @@ def sync_adapter(engine, model: nn.Module) -> int:
     state = lora.adapter_state_dict(model)
     root = _sync_root(engine)
     target = Path(tempfile.mkdtemp(prefix="adapter-", dir=root))
-    lora.write_adapter_dir(target, state, lora.settings_of(model), "", None)
+    lora.write_adapter_dir(target, state, lora.settings_of(model), {"path": "", "weights": None})
     engine.load_adapter(str(target))
     for old in root.iterdir():
         if old != target:

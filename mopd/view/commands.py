@@ -54,11 +54,17 @@ def _view(args) -> int:
     if len({s.name for s in systems}) < len(systems):
         raise UserError(f"both sources are named {systems[0].name!r}; give distinct names (--names)")
     if args.teacher:
+        from mopd.core.adapter_dir import AdapterDirError, adapter_of, tokenizer_dir
         from mopd.core.model_dir import model_dir_problem
         from mopd.view.teacher_scores import score_searchers
         from mopd.view.token_text import TokenDecoder
 
-        problem = model_dir_problem(args.teacher) if Path(args.teacher).is_dir() else "is not a directory"
+        try:   # an adapter directory (the LoRA demo's teacher) is scored as its base with it merged
+            adapter = adapter_of(args.teacher)
+        except AdapterDirError as e:
+            raise UserError(f"--teacher {e}") from None
+        problem = None if adapter else model_dir_problem(args.teacher) if Path(args.teacher).is_dir() else \
+            "is not a directory"
         if problem:
             raise UserError(f"--teacher {args.teacher} {problem}")
         for s, path in zip(systems, args.sources):
@@ -68,7 +74,7 @@ def _view(args) -> int:
             if not s.decoder:
                 from transformers import AutoTokenizer
 
-                s.decoder = TokenDecoder(AutoTokenizer.from_pretrained(args.teacher))
+                s.decoder = TokenDecoder(AutoTokenizer.from_pretrained(tokenizer_dir(args.teacher)))
     first = Path(args.sources[0])
     out = Path(args.out) if args.out else (first / "view.html" if len(systems) == 1 and first.is_dir()
                                            else Path("view.html"))

@@ -77,8 +77,12 @@ def load_tokenizer(model_dir: Optional[str]):
         return None
     from transformers import AutoTokenizer
 
+    from mopd.core.adapter_dir import AdapterDirError, tokenizer_dir
+
     try:
-        return AutoTokenizer.from_pretrained(model_dir)
+        return AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))   # an adapter: its base's tokenizer
+    except AdapterDirError as e:
+        raise UserError(str(e)) from None
     except (OSError, ValueError) as e:
         raise UserError(f"tokenizer of {model_dir}: {e}") from None
 

@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 import torch
 from transformers import AutoTokenizer
 
+from mopd.core.adapter_dir import tokenizer_dir
 from mopd.core.records import WorkflowRecord
 from mopd.train.step_batches import pack_records
 from mopd.train.teacher import Teacher
@@ -48,7 +49,7 @@ def score_searchers(workflows: Sequence[Workflow], teacher_dir: str, *, student_
                     temperature: float = 1.0, budget: int = 8192) -> List[Workflow]:
     """``workflows`` with teacher (and pi_old) log-probs on every Searcher model token, in place."""
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(teacher_dir))   # an adapter: its base's
     # "auto": bf16 on a GPU, fp32 on CPU, as the trainer scores
     teacher = Teacher(teacher_dir, student_tokenizer=tokenizer, device=device, dtype="auto")
     student = Teacher(student_dir, student_tokenizer=tokenizer, device=device, dtype="auto") if student_dir \

@@ -17,6 +17,7 @@ import torch
 
 from mopd.config import ConfigError, resolve
 from mopd.config.inputs import LoraConfig
+from mopd.core.fingerprint import model_fingerprint
 from mopd.core.roles import role_of_prompt
 from mopd.rollout.scripted_engine import ScriptedEngine
 from mopd.train import lora
@@ -122,7 +123,8 @@ def test_the_adapter_export_is_peft_format_over_the_base_fingerprint(stage1, tin
 
     adapter = stage1["root"] / "adapter"
     base = json.loads((adapter / "mopd_base.json").read_text())
-    assert base["weights"] == lora.base_weights(tiny_model_dir)
+    assert base["weights"] == model_fingerprint(tiny_model_dir)["weights"]
+    assert base["path"] == str(Path(tiny_model_dir).resolve())   # resolved: usable from any directory
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter))
     with torch.no_grad():
         got = PackedCausalLM(peft_model.base_model.model)(stage1["batch"])
