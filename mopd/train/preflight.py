@@ -161,9 +161,9 @@ def check_run_models(cfg) -> None:
         elif f.kind == VIEW_ADAPTER and f.planned:
             raise PreflightError(f"{key}={f.path} does not exist (an adapter directory `mopd train --export-adapter` "
                                  "or `mopd export RUN --adapter` writes, or a model directory)")
-        elif f.kind in (VIEW_ADAPTER, MERGED_COPY):
-            _check_adapter(key, f.path, models)
-        else:
+        elif f.kind == MERGED_COPY:
+            _check_merged_adapter(key, f.path)
+        elif f.kind != VIEW_ADAPTER:   # an adapter view: models.check() reads it against this base below
             check_model_path(key, f.path)
     try:
         models.check()
@@ -171,13 +171,13 @@ def check_run_models(cfg) -> None:
         raise PreflightError(str(e)) from None
 
 
-def _check_adapter(key: str, path: str, models: RunModels) -> None:
+def _check_merged_adapter(key: str, path: str) -> None:
+    """An adapter a run without LoRA loads as its base with the adapter merged: the base it names
+    must be there, with the weights it was trained over."""
     try:
         adapter = adapter_of(path)   # reads, fits its config, its base is there with its weights
     except AdapterDirError as e:
         raise PreflightError(f"{key}: {e}") from None
-    if models.trains_adapters:
-        return
     problem = model_dir_problem(resolve_base_dir(adapter.base_path) or adapter.base_path)
     if problem:
         raise PreflightError(f"{key}={path} is an adapter over {adapter.base_path}, which {problem}")
