@@ -62,6 +62,9 @@ def register(sub) -> None:
                      help="trainer metrics.jsonl files to plot validation curves from")
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     rep.add_argument("--title", default="Evaluation report")
+    rep.add_argument("--section", action="append", default=[], metavar="MARKDOWN_FILE",
+                     help="a markdown file placed after the report's introduction (repeatable; a pipeline's "
+                          "teacher check)")
     rep.set_defaults(func=_report)
     _register_score(sub)
 
@@ -304,6 +307,8 @@ def _parse_collapse(items):
 
 
 def _report(args) -> int:
+    from pathlib import Path
+
     from mopd.core.errors import UserError
     from mopd.eval.alignment import EvalError
     from mopd.eval.report import ReportOptions, report_runs
@@ -316,10 +321,14 @@ def _report(args) -> int:
     if problem:
         raise UserError(f"--out {args.out} {problem}")
     collapse = _parse_collapse(args.collapse)
+    missing = [f for f in args.section if not Path(f).is_file()]
+    if missing:
+        raise UserError(f"--section {missing[0]}: no such file")
     try:
         options = ReportOptions(names=args.names, reference=args.reference, draws=args.draws, seed=args.seed,
                                 intersect=args.intersect, collapse_runs=collapse, validation_logs=args.val_log,
-                                make_plots=not args.no_plots, title=args.title)
+                                make_plots=not args.no_plots, title=args.title,
+                                top_sections="\n".join(Path(f).read_text(encoding="utf-8") for f in args.section))
         path = report_runs(args.runs, args.out, options)
     except (EvalError, ValueError) as e:
         raise UserError(str(e)) from None

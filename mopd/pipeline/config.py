@@ -120,6 +120,31 @@ class EvalSettings:
 
 
 @dataclass
+class TeacherCheckSettings:
+    enabled: bool = True
+    """Before the Stage II arms: the Stage-I export (their teacher) and the base model evaluated on
+    the dev split in C-MAS, compared per dataset (question type), the table in the report and a
+    warning where the teacher is worse than the base on a type a Searcher is distilled on
+    (:mod:`mopd.pipeline.teacher_check`). Needs ``data.dev`` and a Stage II arm."""
+    attempts: Optional[int] = None
+    """Workflows per dev question (None: ``eval.attempts``)."""
+    questions: Optional[int] = None
+    """The first N dev questions, round-robin over datasets (None: all). With ``eval.split: dev``
+    the check is the evaluation of the C-MAS base and Stage-I systems itself, at ``eval``'s
+    attempts and questions (run before the arms, reused by the evaluation)."""
+    dir: str = "teacher_check"
+    """The check's evaluations and table go to ROOT/DIR."""
+
+    def __post_init__(self):
+        if self.attempts is not None:
+            _positive("teacher_check.attempts", self.attempts)
+        if self.questions is not None:
+            _positive("teacher_check.questions", self.questions)
+        if not self.dir or self.dir.startswith("/") or ".." in self.dir.split("/"):
+            raise ConfigError(f"teacher_check.dir={self.dir!r} must be a relative directory under the pipeline's root")
+
+
+@dataclass
 class ReportSettings:
     kind: str = "eval"
     """A report kind (:mod:`mopd.pipeline.kinds`): eval (`mopd eval report`: metrics, paired intervals
@@ -227,6 +252,7 @@ class PipelineConfig:
     systems: List[SystemConfig] = field(default_factory=list)
     """The systems evaluated, in the report's order."""
     eval: EvalSettings = field(default_factory=EvalSettings)
+    teacher_check: TeacherCheckSettings = field(default_factory=TeacherCheckSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 

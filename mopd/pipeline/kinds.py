@@ -73,4 +73,10 @@ def eval_report(stage, setup_results: Dict[str, object], log) -> Path:
     """`mopd eval report`: metrics, paired intervals against the reference, costs, curves."""
     return report_runs([e.out for e in stage.evals], stage.out, ReportOptions(
         names=stage.names, reference=stage.reference, draws=stage.draws, validation_logs=stage.logs,
-        validation_labels=stage.labels, title=stage.heading))
+        validation_labels=stage.labels, title=stage.heading, top_sections=report_sections(stage.sections)))
+
+
+def report_sections(paths) -> str:
+    """The markdown of the report sections a pipeline's stages wrote (the teacher check's), joined;
+    a file not written (its stage left out) is skipped."""
+    return "\n".join(Path(p).read_text(encoding="utf-8") for p in paths if Path(p).is_file())

@@ -14,7 +14,7 @@ from mopd.config import ConfigError, ConfigKind, RetrieverConfig
 from mopd.config.resolver import build, merge_layers
 from mopd.core.registry import Registry
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
-                                  SystemConfig, TrainStageConfig)
+                                  SystemConfig, TeacherCheckSettings, TrainStageConfig)
 
 PIPELINES: Registry = Registry("pipeline", error=ConfigError)
 """Pipeline presets by name: functions returning a PipelineConfig (read it as a mapping)."""
@@ -56,6 +56,7 @@ def paper() -> PipelineConfig:
                  SystemConfig("H-MAS base", "base", "hmas"), SystemConfig("Prompted Critic", "prompted_critic", "hmas"),
                  SystemConfig("MultiAgent-OPD", "mopd", "hmas")],
         eval=EvalSettings(attempts=4, overrides=list(gpu)),
+        teacher_check=TeacherCheckSettings(questions=1000),   # as many as Stage I validates on (data.dev_size)
         report=ReportSettings(kind="eval", reference="MultiAgent-OPD", title="MultiAgent-OPD: the paper's run"),
         launcher=LauncherConfig(kind="subprocess", train="torchrun --nproc_per_node 8 -m mopd",
                                 eval="torchrun --nproc_per_node 8 -m mopd", gpus=8,

@@ -21,7 +21,8 @@ from mopd.core.errors import UserError
 from mopd.pipeline.config import PipelineConfig
 from mopd.pipeline.log import logger
 from mopd.pipeline.kinds import STAGE_KINDS, report_kind
-from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage, plan
+from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage
+from mopd.pipeline.teacher_check import TeacherCheckStage, plan_with_check
 from mopd.core.model_dir import remote_code_problem, trust_remote_code
 from mopd.core.qa import load_questions
 from mopd.core.qa import write_questions
@@ -46,6 +47,23 @@ def eval_questions(cfg: PipelineConfig):
     if cfg.eval.questions is not None:
         questions = spread_over_datasets(questions, cfg.eval.questions)
     return questions
+
+
+def stage_questions(stage: EvalStage):
+    """The questions an evaluation stage reads: its manifest's, the first ``stage.questions``
+    round-robin over datasets when set (:func:`eval_questions`' for the pipeline's evaluations)."""
+    questions, _ = load_questions(stage.manifest)
+    return questions if stage.questions is None else spread_over_datasets(questions, stage.questions)
+
+
+def _manifest_of(stage: EvalStage, cfg: PipelineConfig) -> Path:
+    words = stage.command(cfg)
+    return Path(words[words.index("--manifest") + 1])
+
+
+def _first_of_manifest(stage: EvalStage, evals: List[EvalStage], cfg: PipelineConfig) -> EvalStage:
+    """The first evaluation that reads the same written questions file as ``stage`` (it writes it)."""
+    return next(e for e in evals if e.questions is not None and _manifest_of(e, cfg) == _manifest_of(stage, cfg))
 
 
 def spread_over_datasets(questions, n: int):
@@ -100,7 +118,7 @@ def describe(cfg: PipelineConfig, stages: Optional[List[Stage]] = None) -> str:
     """Every stage with its status, command, memory per GPU and disk, and the disk in all;
     nothing is loaded or run."""
 
-    stages = stages if stages is not None else plan(cfg)
+    stages = stages if stages is not None else plan_with_check(cfg)
     missing = local_base_model(cfg, stages) if cfg.launcher.kind == "subprocess" else None
     L = cfg.launcher
     where = (f"subprocess launcher; training on {L.gpus} GPU(s) of {L.gpu_gib:.0f} GiB"
@@ -141,7 +159,7 @@ def run_pipeline(cfg: PipelineConfig) -> Path:
     """Run every stage of ``cfg`` (reusing done ones, resuming a killed one); returns the report's path."""
 
 
-    stages = plan(cfg)
+    stages = plan_with_check(cfg)
     check_remote_code(cfg, stages)
     root = Path(cfg.root)
     try:   # one pipeline per root: a second one would train the same stages into the same directories
@@ -229,11 +247,13 @@ class _InProcess(_Timed):
 
         self.timed("stage1", lambda: [inprocess.train(t, e, self.retriever, L.lockstep, self.log)
                                       for t, e in _jobs(self.stages, "stage1")])
+        for check in _by_type(self.stages, TeacherCheckStage):   # the teacher on dev, before it teaches
+            self.timed("teacher_check", self._teacher_check, check)
         arms = _jobs(self.stages, "stage2")
         if arms:
             self.timed("stage2", inprocess.train_side_by_side, arms, L.arm_workers, self.retriever, cfg.retriever,
                        L.lockstep, self.log, cfg.name)
-        evals = _by_type(self.stages, EvalStage)
+        evals = [e for e in _by_type(self.stages, EvalStage) if e.group == "eval"]
 
         def evaluate():
             # The evaluated split is read here, after every model is final.
@@ -246,6 +266,15 @@ class _InProcess(_Timed):
         self.timed("eval", evaluate)
         report = _render_report(_by_type(self.stages, ReportStage)[0], setup_results, self.log)
         return self.finish(report)
+
+    def _teacher_check(self, check: TeacherCheckStage) -> dict:
+        """The check's two evaluations on dev (side by side), then its comparison."""
+        from mopd.pipeline import inprocess
+
+        L = self.cfg.launcher
+        inprocess.evaluate_all([check.base, check.teacher], stage_questions(check.base), L.eval_workers,
+                               self.retriever, self.cfg.retriever, L.lockstep, self.log, self.cfg.name)
+        return check.run(self.log)
 
 
 
@@ -282,10 +311,12 @@ class _Subprocess(_Timed):
                 report = self.timed("report", self._report if s.kind == "eval" else _render_report, s, {}, self.log)
                 continue
             t = time.perf_counter()
-            if s.done():
+            if isinstance(s, TeacherCheckStage):
+                s.run(self.log)   # reads two evaluations' records, in this process
+            elif s.done():
                 self.log(f"{s.key}: done, reusing {s.outputs[0]}")
             else:
-                if isinstance(s, EvalStage) and s.questions is not None and s is evals[0]:
+                if isinstance(s, EvalStage) and s.questions is not None and s is _first_of_manifest(s, evals, self.cfg):
                     self._write_questions(s)
                 s.begin(self.log)
                 self._call(s)
@@ -295,11 +326,8 @@ class _Subprocess(_Timed):
 
     def _write_questions(self, stage: EvalStage) -> None:
         """The evaluated questions (the first N round-robin over datasets) as the manifest every
-        evaluation reads."""
-        import mopd.pipeline.run as this
-
-        write_questions(Path(stage.command(self.cfg)[stage.command(self.cfg).index("--manifest") + 1]),
-                        this.eval_questions(self.cfg))
+        evaluation of the same questions reads."""
+        write_questions(_manifest_of(stage, self.cfg), stage_questions(stage))
 
     def _report(self, stage: ReportStage, setup_results, log) -> Path:
         if stage.done():

@@ -332,6 +332,10 @@ class ReportStage(Stage):
     """Files the setup stages wrote that the report reads (their content is part of its fingerprint)."""
     dev: bool = False
     """The systems were evaluated on the dev split (the tuning path)."""
+    sections: List[str] = field(default_factory=list)
+    """Markdown files the report places at its top (the teacher check's table:
+    :mod:`mopd.pipeline.teacher_check`, which also lists them in ``setup_files``, so that their
+    content is fingerprinted)."""
 
     @property
     def out(self) -> Path:
@@ -357,7 +361,7 @@ class ReportStage(Stage):
                     "--out", str(self.out)]
         return ["mopd", "eval", "report", *[str(e.out) for e in self.evals], "--names", *self.names,
                 "--reference", self.reference, "--draws", str(self.draws), "--title", self.heading,
-                "--out", str(self.out), "--val-log", *self.logs]
+                *[w for f in self.sections for w in ("--section", f)], "--out", str(self.out), "--val-log", *self.logs]
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,7 +441,9 @@ def _eval_stage(cfg: PipelineConfig, system: SystemConfig, limits: Optional[Conf
 
 
 def plan(cfg: PipelineConfig) -> List[Stage]:
-    """Every stage of ``cfg``, in the order they run (resolving each stage's config; nothing loads)."""
+    """Every stage of ``cfg``, in the order they run (resolving each stage's config; nothing loads),
+    but the teacher check, which the runner inserts before the arms
+    (:func:`mopd.pipeline.teacher_check.plan_with_check`)."""
     root = Path(cfg.root)
     setup: List[Stage] = [stage_kind(s.kind).build(cfg, key, list(s.settings)) for key, s in cfg.setup.items()]
     stages: List[Stage] = list(setup)

@@ -5,7 +5,7 @@ import pytest
 
 from mopd.config import RetrieverConfig
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
-                                  SystemConfig, TrainStageConfig)
+                                  SystemConfig, TeacherCheckSettings, TrainStageConfig)
 from tests.train import conftest as train_fixtures
 
 qa_file, tiny_model_dir = train_fixtures.qa_file, train_fixtures.tiny_model_dir   # the trainer tests' fixtures
@@ -29,7 +29,8 @@ def tiny_pipeline(model_dir, qa, root, launcher: str = "inprocess") -> PipelineC
                                          export="last")},
         systems=[SystemConfig("C-MAS base", "base", "cmas"), SystemConfig("C-MAS + RL", "stage1", "cmas"),
                  SystemConfig("MultiAgent-OPD", "mopd", "hmas")],
-        eval=EvalSettings(attempts=1, questions=2), report=ReportSettings(kind="eval", draws=20),
+        eval=EvalSettings(attempts=1, questions=2), teacher_check=TeacherCheckSettings(questions=3),
+        report=ReportSettings(kind="eval", draws=20),
         launcher=LauncherConfig(kind=launcher, arm_workers=1, eval_workers=1))
 
 

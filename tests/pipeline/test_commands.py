@@ -20,7 +20,7 @@ def test_switches_go_before_or_after_the_preset(capsys, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text(before)
     assert main(["pipeline", "--file", str(f), "--dry-run", f"root={tmp_path}/r"]) == 0   # a file alone
-    assert f"pipeline paper: 12 stages under {tmp_path}/r" in capsys.readouterr().out
+    assert f"pipeline paper: 15 stages under {tmp_path}/r" in capsys.readouterr().out
 
 
 def test_presets_are_listed_and_a_missing_one_is_named(capsys):

@@ -33,13 +33,14 @@ def test_the_papers_dry_run_names_every_stage_its_command_memory_and_disk(nothin
                 "eval.prompted_critic", "eval.multiagent_opd", "report"):
         assert f"] {key}: " in out, key
     blocks = out.split("\n[")[1:]
-    assert len(blocks) == 12 and all("command: " in b and "memory per GPU: " in b and "disk: " in b for b in blocks)
+    assert len(blocks) == 15 and all("command: " in b and "memory per GPU: " in b and "disk: " in b for b in blocks)
     assert f"torchrun --nproc_per_node 8 -m mopd train --resume-or-start cmas_rl model.path={PAPER_MODEL}" in out
     assert f"mopd export {tmp_path}/paper/stage1 --checkpoint best --out {tmp_path}/paper/stage1/export" in out
     assert "mopd eval run --model" in out and "mopd eval report" in out
     # Each evaluation on the 8 GPUs, a share of the questions per rank (mopd/eval/ranks.py)
-    assert out.count("torchrun --nproc_per_node 8 -m mopd eval run --model") == 5
-    assert out.count("memory per GPU: vLLM on each of 8 GPUs (one rank each") == 5
+    # five systems and the teacher check's two (the base and Stage I's export on dev)
+    assert out.count("torchrun --nproc_per_node 8 -m mopd eval run --model") == 7
+    assert out.count("memory per GPU: vLLM on each of 8 GPUs (one rank each") == 7
     train_memory = [line for line in out.splitlines() if "memory per GPU: training" in line]
     assert len(train_memory) == 3 and all("of 80 on each of 8 GPU(s)" in line for line in train_memory)
     assert out.count(f"disk: {_gb(checkpoints)} (4 checkpoints") == 3 and out.count(f"disk: {_gb(export)} (fp32") == 3
@@ -69,7 +70,7 @@ def test_the_readmes_pipeline_commands_plan_without_loading(nothing_loads, capsy
     assert [c[:2] for c in commands] == [["pipeline", "paper"], ["pipeline", "paper"]]
     for argv in commands:
         assert main([*argv, "--dry-run"] if "--dry-run" not in argv else argv) == 0
-    assert "pipeline paper: 12 stages under runs/paper" in capsys.readouterr().out
+    assert "pipeline paper: 15 stages under runs/paper" in capsys.readouterr().out
 
 
 def test_the_base_models_evaluations_read_its_hugging_face_cache_snapshot(nothing_loads, capsys, tmp_path, monkeypatch):
@@ -84,5 +85,6 @@ def test_the_base_models_evaluations_read_its_hugging_face_cache_snapshot(nothin
     (repo / "refs" / "main").write_text("abc123")
     assert main(["pipeline", "paper", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.count(f"mopd eval run --model {repo / 'snapshots' / 'abc123'} --workflow") == 2   # C-MAS and H-MAS base
+    # C-MAS and H-MAS base, and the base in the teacher check
+    assert out.count(f"mopd eval run --model {repo / 'snapshots' / 'abc123'} --workflow") == 3
     assert "would stop" not in out

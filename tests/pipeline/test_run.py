@@ -37,6 +37,11 @@ def _check_outputs(root, stage2_steps=2, stage1_steps=2):
     exported = json.loads((root / "stage2" / "export" / "mopd_export.json").read_text())
     assert exported["step"] == stage2_steps                   # the arm is read at its last step
     assert (root / "pipeline.yaml").is_file() and (root / "timings.json").is_file()
+    # the teacher checked on dev before Stage II: its table in the report
+    check = json.loads((root / "teacher_check" / "teacher_check.json").read_text())
+    assert check["distilled_by"] == ["MultiAgent-OPD"] and sum(r["questions"] for r in check["types"]) == 3
+    assert "## The teacher before it teaches" in (root / "report" / "report.md").read_text()
+    assert "teacher_check" in json.loads((root / "timings.json").read_text())
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 from mopd.config import RetrieverConfig
 from mopd.pipeline.config import (DataPaths, EvalSettings, LauncherConfig, PipelineConfig, ReportSettings,
-                                  SetupStageConfig, SystemConfig, TrainStageConfig)
+                                  SetupStageConfig, SystemConfig, TeacherCheckSettings, TrainStageConfig)
 from mopd.pipeline.presets import pipeline_preset
 from mopd.recipes.tiny_world.policy_check import WeakPi0
 from mopd.recipes.tiny_world.warmstart import parse_pi0_settings
@@ -244,6 +244,7 @@ def demo_pipeline(s: DemoSettings) -> PipelineConfig:
                  SystemConfig("H-MAS base", "base", "hmas")] + [SystemConfig(a.name, a.key, "hmas") for a in arms],
         eval=EvalSettings(split=s.eval_split, attempts=s.attempts, questions=s.test_questions,
                           dir="eval_dev" if dev else "eval"),
+        teacher_check=TeacherCheckSettings(questions=s.test_questions if s.quick else None),
         report=ReportSettings(kind="claims", dir="report_dev" if dev else "report", reference="MultiAgent-OPD",
                               draws=s.bootstrap_draws),
         launcher=LauncherConfig(kind="inprocess", arm_workers=s.arm_workers, eval_workers=s.eval_workers,

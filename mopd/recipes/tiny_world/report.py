@@ -44,6 +44,8 @@ class ReportInputs:
     """pi_0's dev check (:func:`mopd.recipes.tiny_world.policy_check.check_pi0_cached`), appended when given."""
     training: str = ""
     """How the stages trained, above the claims (:func:`training_note`: LoRA runs only)."""
+    teacher_check: str = ""
+    """The teacher check's section (markdown: :mod:`mopd.pipeline.teacher_check`), below the claims."""
 
 
 def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: ReportInputs) -> Path:
@@ -56,7 +58,7 @@ def write_report(runs: List[Path], names: List[str], report_dir: Path, inputs: R
     report = report_runs(runs, report_dir, ReportOptions(
         names=names, reference="MultiAgent-OPD", draws=inputs.draws, seed=DEFAULT_SEED,
         validation_logs=inputs.logs, validation_labels=inputs.labels, title=title,
-        top_sections=inputs.training + claims_markdown(claims), linked=CLAIMS[0].base))
+        top_sections=inputs.training + claims_markdown(claims) + inputs.teacher_check, linked=CLAIMS[0].base))
     (report_dir / "claims.json").write_text(json.dumps(claims, indent=2))
     for c in claims:
         log(f"claim {c['kind']} ({c['label']}): {claim_name(c)}, {c['metric']} {claim_interval(c)} -> "

@@ -23,7 +23,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from mopd.core.key_values import parse_key_values
 from mopd.core.reproducible import deterministic_torch
-from mopd.pipeline.kinds import register_report_kind, register_stage_kind
+from mopd.pipeline.kinds import register_report_kind, register_stage_kind, report_sections
 from mopd.pipeline.stages import Stage
 from mopd.recipes.tiny_world.pipeline import PI0_CHECK
 from mopd.recipes.tiny_world.policy_check import WeakPi0, check_pi0_cached
@@ -203,5 +203,6 @@ def claims_report(stage, setup_results: Dict[str, object], log) -> Path:
     logs = [Path(p) for p in stage.logs]
     inputs = ReportInputs(logs=logs, labels=stage.labels, draws=stage.draws, dev=stage.dev,
                           pi0_check=setup_results.get(PI0_CHECK),
-                          training=training_note([p.parent for p in logs], stage.labels))
+                          training=training_note([p.parent for p in logs], stage.labels),
+                          teacher_check=report_sections(stage.sections))
     return write_report([e.out for e in stage.evals], stage.names, stage.out, inputs)
