@@ -84,12 +84,22 @@ def run(quick_world, tmp_path_factory):
     t.close()
 
 
+LORA_LOGPROB_TOL = 2e-3
+"""What the comparison can promise: the same greedy tokens (asserted exactly by :func:`gap`), and
+log-probs equal up to the order in which two engines' fp32 kernels accumulate the adapter's path
+(vLLM's LoRA shrink/expand against PEFT's two matmuls, each library's own CPU kernels: AVX2 or
+AVX-512 builds sum in different orders). Seen: 1e-5 to 2e-4 on AMD EPYC, 7.2e-4 on an AVX-512
+Intel Xeon; the bound is that worst case with margin, and still far below what the two steps moved
+(the adapter changes at least 3 of 6 greedy completions, asserted below). Plain generation without
+an adapter keeps tests/vllm's tighter LOGPROB_TOL."""
+
+
 def test_after_lora_steps_vllm_samples_the_trainers_adapter_model_and_not_the_base(run):
     t = run["trainer"]
     assert t.engine.lora_request is not None
     hf = HFEngine(t.model, t.tokenizer, prefix_cache_mb=0)
-    for seed in (1, 2):
-        assert gap(greedy(t.engine, seed), greedy(hf, seed)) < LOGPROB_TOL   # the trained adapter's tokens
+    for seed in (1, 2):   # the trained adapter's tokens exactly, its log-probs to the kernels' rounding
+        assert gap(greedy(t.engine, seed), greedy(hf, seed)) < max(LOGPROB_TOL, LORA_LOGPROB_TOL)
     changed = sum(a.token_ids != b.token_ids for a, b in zip(greedy(t.engine, 1), run["before"]))
     assert changed >= 3, f"only {changed} of 6 greedy completions differ from the base model's"
 
