@@ -64,15 +64,11 @@ def resolve_base_dir(path: str) -> Optional[Path]:
     p = Path(path).expanduser()
     if p.is_dir():
         return p.resolve()
-    parts = path.split("/")
-    if len(parts) != 2 or not all(parts) or path.startswith((".", "~", "/")):
+    if path.startswith((".", "~", "/")):
         return None
-    try:
-        from huggingface_hub import snapshot_download
+    from mopd.core.model_dir import hub_snapshot
 
-        return Path(snapshot_download(path, local_files_only=True))
-    except Exception:   # not in the cache (LocalEntryNotFoundError), no huggingface_hub: a name only
-        return None
+    return hub_snapshot(path)
 
 
 def read_adapter_dir(path: str) -> AdapterDir:

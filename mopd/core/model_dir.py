@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
 """Any one of these sets makes a loadable tokenizer (fast JSON, SentencePiece, BPE, WordPiece)."""
@@ -110,3 +111,20 @@ def _architecture_problem(config: dict) -> str | None:
         return (f"has model_type {model_type!r}, which transformers {transformers.__version__} cannot load as a "
                 "causal language model")
     return None
+
+
+def hub_snapshot(name: str) -> Optional[Path]:
+    """The Hugging Face cache's snapshot of hub id ``name`` (its ``main`` revision, else the newest
+    one holding a config.json); None when it is not there. Never the network. The cache is
+    ``HF_HUB_CACHE``, else ``HF_HOME/hub``, read at each call."""
+    parts = name.split("/")
+    if len(parts) != 2 or not all(parts):
+        return None
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    repo = hub.expanduser() / f"models--{name.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip() / "config.json").is_file():
+        return repo / "snapshots" / ref.read_text().strip()
+    found = sorted((repo / "snapshots").glob("*/config.json"), key=lambda f: f.stat().st_mtime) \
+        if (repo / "snapshots").is_dir() else []
+    return found[-1].parent if found else None

@@ -23,7 +23,7 @@ from mopd.pipeline.log import logger
 from mopd.pipeline.kinds import STAGE_KINDS, report_kind
 from mopd.pipeline.stages import EvalStage, ExportStage, ReportStage, Stage, TrainStage
 from mopd.pipeline.teacher_check import TeacherCheckStage, plan_with_check
-from mopd.core.model_dir import remote_code_problem, trust_remote_code
+from mopd.core.model_dir import hub_snapshot, remote_code_problem, trust_remote_code
 from mopd.core.qa import load_questions
 from mopd.core.qa import write_questions
 from mopd.core.reproducible import deterministic_torch, environment_record
@@ -32,7 +32,6 @@ from mopd.core.run_lock import RunLock, RunLocked
 from mopd.pipeline.owner import hold
 from mopd.pipeline.footprint import footprint, human_bytes
 from mopd.pipeline.presets import pipeline_yaml
-import os
 
 
 class PipelineError(UserError):
@@ -78,19 +77,6 @@ def spread_over_datasets(questions, n: int):
                 out.append(qs[i])
         i += 1
     return out
-
-
-def hub_snapshot(name: str) -> Optional[Path]:
-    """The Hugging Face cache's snapshot of hub id ``name`` (its ``main`` revision, else the newest
-    one holding a config.json); None when it is not there. Never the network."""
-
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
-    repo = hub.expanduser() / f"models--{name.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip() / "config.json").is_file():
-        return repo / "snapshots" / ref.read_text().strip()
-    found = sorted((repo / "snapshots").glob("*/config.json"), key=lambda f: f.stat().st_mtime)
-    return found[-1].parent if found else None
 
 
 def local_base_model(cfg: PipelineConfig, stages: List[Stage]) -> Optional[str]:

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mopd.config import DEFAULT_GPU_MEMORY_UTILIZATION, MEMORY_HEADROOM_GIB, free_memory_share
+from mopd.core.model_dir import hub_snapshot
 from mopd.core.run_models import RunModels
 
 GIB = 2 ** 30
@@ -124,11 +124,9 @@ def load_model_config(path: str) -> dict:
     bundled = BUNDLED / (path.replace("/", "__") + ".json")
     if bundled.is_file():
         return json.loads(bundled.read_text())
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
-    snapshots = (hub.expanduser() / f"models--{path.replace('/', '--')}" / "snapshots")
-    found = sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
-    if found:
-        return json.loads(found[-1].read_text())
+    snapshot = hub_snapshot(path)
+    if snapshot is not None:
+        return json.loads((snapshot / "config.json").read_text())
     known = sorted(f.stem.replace("__", "/") for f in BUNDLED.glob("*.json"))
     raise PlanError(f"no config.json for {path!r}: not a local model directory, not in the Hugging Face cache, "
                     f"and not bundled (bundled: {', '.join(known)})")

@@ -136,3 +136,23 @@ def test_an_adapter_over_other_base_weights_is_refused(adapter, tmp_path):
     m = models(f"model.path={other}", "model.lora.rank=4", f"teacher.path={adapter}")
     with pytest.raises(RunModelsError, match="is an adapter over another base model"):
         m.check()
+
+
+def test_a_hub_id_base_is_resolved_through_the_local_cache_and_recorded_as_the_id(base, adapter, tmp_path,
+                                                                                    monkeypatch):
+    from mopd.core.adapter_dir import resolve_base_dir
+    from mopd.core.fingerprint import model_fingerprint
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--Org--Tiny"
+    shutil.copytree(base, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    m = models("model.path=Org/Tiny", "model.lora.rank=4", preset="cmas_rl")
+    assert resolve_base_dir("Org/Tiny") == repo / "snapshots" / "abc123"
+    assert m.base_record == {"path": "Org/Tiny", "weights": model_fingerprint(base)["weights"]}
+    assert models("model.path=Org/Missing", "model.lora.rank=4", preset="cmas_rl").base_record["weights"] is None
+    # an adapter over the Hub id's weights is a view of it; one over other weights is refused
+    hub_run = models("model.path=Org/Tiny", "model.lora.rank=4", f"teacher.path={adapter}")
+    assert hub_run.teacher.kind == VIEW_ADAPTER
+    hub_run.check()
