@@ -187,3 +187,23 @@ def test_fsdp2_dtensor_parameters_take_the_fused_kernel_with_the_same_updates(tm
     assert r["implementation"] == FUSED and r["dtensor"] is True
     assert r["moved"] > 1e-3                   # the updates changed the weights
     assert r["max_abs_diff"] < 2e-6            # and the sharded fused ones equal the unsharded loop's
+
+
+def test_the_trainer_builds_it_once_and_says_which_in_the_run_log(tiny_model_dir, qa_file, tmp_path):
+    from mopd.config import resolve
+    from mopd.train.trainer import PolicyTrainer
+    from tests.helpers.retrievers import FakeRetriever
+    from tests.helpers.training import tiny_overrides
+
+    out = tmp_path / "run"
+    t = PolicyTrainer(resolve("cmas_rl", tiny_overrides(tiny_model_dir, qa_file, out)), retriever=FakeRetriever(),
+                      progress=False)
+    try:
+        params = [p for p in t.model.parameters() if p.requires_grad]
+        assert t.optimizer.implementation == FUSED
+        assert [p for g in t.optimizer.param_groups for p in g["params"]] == params
+        events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+        said = [e["message"] for e in events if e["kind"] == "optimizer"]
+        assert said == [f"optimizer: AdamW (fused), {len(params)} tensors, {sum(p.numel() for p in params):,} parameters"]
+    finally:
+        t.close()
