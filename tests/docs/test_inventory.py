@@ -63,7 +63,11 @@ def test_substitutions_change_only_what_the_table_says(tmp_path):
     assert ran.startswith("torchrun --nproc_per_node 1 -m mopd train cmas_rl model.path=Qwen/Qwen3-4B-Instruct-2507 "
                           f"data.train={tmp_path}/qa.jsonl")
     assert "trainer.steps=2" in ran and "..." not in ran
-    assert "trainer.steps=3" in as_run("mopd train --resume x ...", tmp_path, 1)
+    assert as_run("mopd train --resume x ...", tmp_path, 1) == as_run("mopd train x ...", tmp_path, 1).replace(
+        "train x", "train --resume x")   # a resume: the run's own arguments
+    assert as_run("mopd eval run --model m ...", tmp_path, 1).endswith("retriever.index=bundled rollout.engine=hf "
+                                                                       "rollout.max_output_tokens=8 rollout.max_steps=2 "
+                                                                       "rollout.max_rounds=1")
     assert as_run("mopd pipeline paper --dry-run", tmp_path, 1) == "mopd pipeline paper --dry-run"
     assert as_run("mopd pipeline paper   # again", tmp_path, 1).startswith(
         f"mopd pipeline paper --file {tmp_path}/tiny_paper.yaml")
