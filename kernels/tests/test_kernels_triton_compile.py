@@ -44,7 +44,11 @@ def test_launches_of_the_real_chunk_loops_are_captured(aot):
     assert seen == {(k, d, v) for k in KERNELS for d in ("bf16", "fp32") for v in VOCABS}
     loops = {(r["loop"], r["kernel"]) for r in launches}
     assert loops == {("logprobs_forward", "_logprobs_fwd_kernel"), ("logprobs_backward", "_logprobs_bwd_kernel"),
-                     ("policy_loss_pass", "_logprobs_fwd_kernel"), ("policy_loss_pass", "_logprobs_bwd_kernel")}
+                     ("policy_loss_pass", "_logprobs_fwd_kernel"), ("policy_loss_pass", "_logprobs_bwd_kernel"),
+                     ("capped_policy_loss_pass", "_logprobs_fwd_kernel"),
+                     ("capped_policy_loss_pass", "_logprobs_bwd_kernel")}
+    capped = [r for r in launches if r["loop"] == "capped_policy_loss_pass"]
+    assert {r["dtype"] for r in capped} == {"bf16"} and {r["V"] for r in capped} == VOCABS
     per_call = {}
     for r in launches:
         key = (r["loop"], r["kernel"], r["dtype"], r["V"])

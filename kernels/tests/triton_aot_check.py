@@ -32,6 +32,7 @@ triton is imported). Prints JSON on stdout; ``--table`` prints a markdown table 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -222,6 +223,11 @@ def record_launches():
                                     advantages=torch.randn(T, generator=gen)).for_kernels()
                 chunked.policy_loss_pass(hidden, weight, targets_l, inputs, settings, tk.TritonRowPass(),
                                          chunked.GradRequest(True, True, None))
+                if dname == "bf16":  # a soft-capped, scaled head (Gemma 2 trains in bf16): HAS_CAP compiles too
+                    context["loop"] = "capped_policy_loss_pass"
+                    capped = dataclasses.replace(settings, logit_scale=0.5, logit_softcap=30.0)
+                    chunked.policy_loss_pass(hidden, weight, targets_l, inputs, capped, tk.TritonRowPass(),
+                                             chunked.GradRequest(True, True, None))
                 del hidden, weight
     finally:
         tk._logprobs_fwd_kernel, tk._logprobs_bwd_kernel, tk.launch_config = saved
