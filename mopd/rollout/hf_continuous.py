@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
-from transformers import DynamicCache
 
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.rollout.engine_worker import cuda_device_keeper, request_rows
-from mopd.rollout.kv_layers import layer_kv
+from mopd.rollout.kv_layers import layer_kv, preallocated_cache
 from mopd.rollout.rollout_stats import BusyMeter
-from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
+from mopd.rollout.sampling import StopStrings, UniformBlocks, row_generator, sample_step
 from mopd.rollout.work_queue import FrontClosed, WorkQueue
 
 JOIN_EVERY = 8
@@ -62,15 +61,21 @@ class _Row:
 
 class _Batch:
     """The running rows and their tensors: cache [B, heads, W, dim] per layer, mask [B, W], the last
-    sampled token of each row (not yet in the cache) and its position."""
+    sampled token of each row (not yet in the cache) and its position, and the rows' uniforms."""
 
     def __init__(self, rows, cache, mask, tok, pos, temperature, top_p):
         self.rows, self.cache, self.mask, self.tok, self.pos = rows, cache, mask, tok, pos
         self.temperature, self.top_p = temperature, top_p
+        self.uniforms = UniformBlocks([row.generator for row in rows])
 
 
-def _new_cache(model, layers):
-    cache = DynamicCache(config=model.config)
+def _room(rows) -> int:
+    """Tokens the rows may still sample (the cache columns to preallocate)."""
+    return max(row.owner.request.params.max_new_tokens - len(row.tokens) for row in rows)
+
+
+def _new_cache(model, layers, room: int):
+    cache = preallocated_cache(model, layers[0][0].shape[2] + room if layers else room)
     for i, (k, v) in enumerate(layers):
         cache.update(k, v, i)
     return cache
@@ -159,7 +164,7 @@ class HFStepFront(WorkQueue):
         unique: dict = {}
         src = [unique.setdefault(tuple(row.owner.request.prompt_ids), len(unique)) for row in rows]
         prompts = [list(p) for p in unique]
-        cache, logits, mask = eng._prefill(prompts)
+        cache, logits, mask = eng._prefill(prompts, room=max(r.request.params.max_new_tokens for r in new))
         if len(prompts) < len(rows):  # the n samples of a request share its prefill
             idx = torch.tensor(src, device=device)
             cache.batch_select_indices(idx)
@@ -173,8 +178,7 @@ class HFStepFront(WorkQueue):
 
     def _sample(self, b: _Batch, logits: torch.Tensor) -> None:
         live = [i for i, row in enumerate(b.rows) if row.reason is None]
-        u = torch.zeros(len(b.rows), dtype=torch.float64)
-        u[live] = draw_uniforms([b.rows[i].generator for i in live], "cpu")
+        u = b.uniforms.next(torch.tensor([row.reason is None for row in b.rows]))
         tok, lp = sample_step(logits, b.temperature, b.top_p, u.to(logits.device))
         b.tok = tok
         tok_l, lp_l = tok.tolist(), lp.float().tolist()
@@ -215,10 +219,12 @@ class HFStepFront(WorkQueue):
         width = max(old.mask.shape[1], new.mask.shape[1])
         layers = [(_stack_left(ko, kn, width), _stack_left(vo, vn, width))
                   for (ko, vo), (kn, vn) in zip(layer_kv(old.cache), layer_kv(new.cache))]
-        return _Batch(old.rows + new.rows, _new_cache(self.engine.model, layers),
-                      _stack_left(old.mask, new.mask, width),
-                      torch.cat([old.tok, new.tok]), torch.cat([old.pos, new.pos]),
-                      torch.cat([old.temperature, new.temperature]), torch.cat([old.top_p, new.top_p]))
+        joined = _Batch(old.rows + new.rows, _new_cache(self.engine.model, layers, _room(old.rows + new.rows)),
+                        _stack_left(old.mask, new.mask, width),
+                        torch.cat([old.tok, new.tok]), torch.cat([old.pos, new.pos]),
+                        torch.cat([old.temperature, new.temperature]), torch.cat([old.top_p, new.top_p]))
+        joined.uniforms = old.uniforms.extend(new.uniforms)
+        return joined
 
     def _compact(self, b: _Batch, force: bool = True) -> Optional[_Batch]:
         """Drop ended rows (``force``, or once they are a quarter of the batch) and the cache
@@ -229,13 +235,15 @@ class HFStepFront(WorkQueue):
         if len(keep) < len(b.rows) and (force or 4 * (len(b.rows) - len(keep)) >= len(b.rows)):
             idx = torch.tensor(keep, device=b.mask.device)
             b.cache.batch_select_indices(idx)
+            uniforms = b.uniforms.select(keep)
             b = _Batch([b.rows[i] for i in keep], b.cache, b.mask[idx], b.tok[idx], b.pos[idx],
                        b.temperature[idx], b.top_p[idx])
+            b.uniforms = uniforms
             used = b.mask.any(0).nonzero()
             first = int(used[0]) if used.numel() else 0
             if first:  # columns left of every row's first real token: padding only
                 layers = [(k[:, :, first:], v[:, :, first:]) for k, v in layer_kv(b.cache)]
-                b.cache, b.mask = _new_cache(self.engine.model, layers), b.mask[:, first:]
+                b.cache, b.mask = _new_cache(self.engine.model, layers, _room(b.rows)), b.mask[:, first:]
         return b
 
     def _step(self, b: _Batch) -> Optional[_Batch]:

@@ -18,15 +18,19 @@ from contextlib import contextmanager
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mopd.core.generation import Completion, GenerationRequest
 from mopd.core.model_dir import remote_code_trusted
 from mopd.rollout.engine import EngineCapabilities, eos_ids_of
 from mopd.rollout.hf_continuous import HFStepFront
-from mopd.rollout.kv_layers import layer_kv
+from mopd.rollout.kv_layers import layer_kv, preallocated_cache
 from mopd.rollout.prefix_store import LayerKV, PrefixStore
-from mopd.rollout.sampling import StopStrings, draw_uniforms, row_generator, sample_step
+from mopd.rollout.sampling import StopStrings, UniformBlocks, row_generator, sample_step
+
+CHECK_EVERY = 8
+"""Decode steps between two reads of the sampled tokens on an accelerator (each read waits for the
+device); on the CPU they are read every step, which costs nothing."""
 
 
 def _eos_ids(model, tokenizer) -> set:
@@ -60,6 +64,9 @@ class HFEngine:
         self._cache_arg: Optional[str] = None
         self.prefix_store = PrefixStore(prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
         self._weights_seen = None
+        self.read_every: Optional[int] = None
+        """Decode steps between the host's reads of the sampled tokens (None: every step on the
+        CPU, ``CHECK_EVERY`` on an accelerator)."""
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: str = "auto", device: Optional[str] = None,
@@ -239,9 +246,10 @@ class HFEngine:
                          use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
         return out.logits[:, -1, :]
 
-    def _prefill(self, prompts: List[List[int]]):
+    def _prefill(self, prompts: List[List[int]], room: int = 0):
         """One forward over distinct prompts, reusing stored prefixes: returns the cache, the
-        last logits and the attention mask [U, width].
+        last logits and the attention mask [U, width]. The cache has ``room`` more columns
+        preallocated for the tokens to come (:func:`~mopd.rollout.kv_layers.preallocated_cache`).
 
         Layout: a block of reused keys/values (each row's prefix right-aligned), then the block of
         tokens to prefill (each row's rest right-aligned); the mask marks the real columns, so a
@@ -260,7 +268,7 @@ class HFEngine:
             mask[u, wp - d:wp] = 1
             mask[u, wp + ws - len(r):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        cache = DynamicCache(config=self.model.config)
+        cache = preallocated_cache(self.model, wp + ws + room)
         if wp:
             ref = next(h[1] for h in hits if h)
             for layer, (k0, v0) in enumerate(ref):
@@ -287,8 +295,16 @@ class HFEngine:
             self.prefix_store.put(seq[:-1], kv)
 
     def _generate_rows(self, rows) -> List[Completion]:
+        """Prefill, then decode the chunk in lock-step. Sampled tokens and log-probs are written
+        into device buffers; the host reads them (for EOS, stop strings and token limits) every
+        step on the CPU and every ``CHECK_EVERY`` steps on an accelerator, or sooner when a row
+        reaches its limit. A row that ended between two reads samples on until the read, and what
+        it sampled after its end is dropped: its tokens are the same either way."""
         device = self.device
         n = len(rows)
+        params = [r[3] for r in rows]
+        limits = [p.max_new_tokens for p in params]
+        longest = max(limits)
         # Rows with the same prompt (the n samples of a request) share one prefill; its cache rows
         # are then copied.
         unique: dict = {}
@@ -296,60 +312,82 @@ class HFEngine:
         prompts: List[List[int]] = [[] for _ in unique]
         for r, u in zip(rows, src):
             prompts[u] = r[2]
-        cache, logits, mask = self._prefill(prompts)
+        cache, logits, mask = self._prefill(prompts, room=longest)
         if len(prompts) < n:
             idx = torch.tensor(src, device=device)
             cache.batch_select_indices(idx)
             logits, mask = logits[idx], mask[idx]
-        params = [r[3] for r in rows]
         temperature = torch.tensor([p.temperature for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device)
-        limits = [p.max_new_tokens for p in params]
         stops = [StopStrings(p.stop, self.tokenizer) for p in params]
-        gens = [r[4] for r in rows]
+        uniforms = UniformBlocks([r[4] for r in rows])
         tokens: List[List[int]] = [[] for _ in rows]
         logprobs: List[List[float]] = [[] for _ in rows]
         reasons: List[Optional[str]] = [None] * n
+        check_every = self.read_every or (1 if device.type == "cpu" else CHECK_EVERY)
+        # Preallocated: the mask (its new columns are ones: every row attends to what it is fed),
+        # and the sampled tokens and log-probs [batch row, step].
+        width = mask.shape[1]
+        masks = mask.new_ones((n, width + longest))
+        masks[:, :width] = mask
+        out_tok = torch.empty((n, longest), dtype=torch.long, device=device)
+        out_lp = torch.empty((n, longest), dtype=torch.float32, device=device)
 
         rows_in_batch = list(range(n))  # original row index of each batch row
-        running = [True] * n  # per batch row: still generating
+        running = [True] * n  # per batch row: still generating (as far as the host has read)
         next_pos = mask.sum(-1)
+        step = read = 0  # steps sampled; steps the host has read
         while True:
-            u = torch.zeros(len(rows_in_batch), dtype=torch.float64)
-            live = [b for b, r in enumerate(running) if r]
-            u[live] = draw_uniforms([gens[rows_in_batch[b]] for b in live], "cpu")
+            u = uniforms.next(torch.tensor(running))
             tok, lp = sample_step(logits, temperature, top_p, u.to(device))
-            tok_l, lp_l = tok.tolist(), lp.float().tolist()
-            for b in live:
-                k = rows_in_batch[b]
-                tokens[k].append(tok_l[b])
-                logprobs[k].append(lp_l[b])
-                if tok_l[b] in self.eos_ids or stops[k].hit(tokens[k]):
-                    reasons[k] = "stop"
-                elif len(tokens[k]) >= limits[k]:
-                    reasons[k] = "length"
-                else:
-                    continue
-                running[b] = False
+            out_tok[:, step] = tok
+            out_lp[:, step] = lp
+            step += 1
+            if step - read >= check_every or step >= min(limits[rows_in_batch[b]] for b, r in enumerate(running) if r):
+                self._read(out_tok[:, read:step].tolist(), out_lp[:, read:step].tolist(), rows_in_batch,
+                           running, (tokens, logprobs, reasons, limits, stops))
+                read = step
             keep = [b for b, r in enumerate(running) if r]
             if not keep:
-                self._store(cache, mask, list(range(len(running))),
+                self._store(cache, masks[:, :width], list(range(len(running))),
                             [rows[k][2] + tokens[k] for k in rows_in_batch])
                 break
             # Drop finished rows once they are a quarter of the batch: each drop copies the whole
             # KV cache, so dropping every row the moment it ends costs more than it saves.
             if 4 * (len(running) - len(keep)) >= len(running):
                 ended = [b for b, r in enumerate(running) if not r]
-                self._store(cache, mask, ended, [rows[rows_in_batch[b]][2] + tokens[rows_in_batch[b]]
-                                                 for b in ended])
+                self._store(cache, masks[:, :width], ended,
+                            [rows[rows_in_batch[b]][2] + tokens[rows_in_batch[b]] for b in ended])
                 idx = torch.tensor(keep, device=device)
                 cache.batch_select_indices(idx)
-                mask, tok, next_pos = mask[idx], tok[idx], next_pos[idx]
+                masks, tok, next_pos = masks[idx], tok[idx], next_pos[idx]
+                out_tok, out_lp = out_tok[idx], out_lp[idx]
                 temperature, top_p = temperature[idx], top_p[idx]
+                uniforms = uniforms.select(keep)
                 rows_in_batch = [rows_in_batch[b] for b in keep]
                 running = [True] * len(keep)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
+            width += 1
+            logits = self._forward(tok[:, None], masks[:, :width], next_pos[:, None], cache)
             next_pos = next_pos + 1
         return [Completion(token_ids=tokens[k], logprobs=logprobs[k], finish_reason=reasons[k] or "length",
                            text=self.tokenizer.decode(tokens[k], skip_special_tokens=True)) for k in range(n)]
+
+    def _read(self, toks, lps, rows_in_batch, running, record) -> None:
+        """Append what the running rows sampled since the last read ([batch row][step], on the
+        host) to their records, up to each row's end (EOS, a stop string, its token limit)."""
+        tokens, logprobs, reasons, limits, stops = record
+        for b, live in enumerate(running):
+            if not live:
+                continue
+            k = rows_in_batch[b]
+            for t, lp in zip(toks[b], lps[b]):
+                tokens[k].append(t)
+                logprobs[k].append(lp)
+                if t in self.eos_ids or stops[k].hit(tokens[k]):
+                    reasons[k] = "stop"
+                elif len(tokens[k]) >= limits[k]:
+                    reasons[k] = "length"
+                else:
+                    continue
+                running[b] = False
+                break

@@ -33,12 +33,6 @@ def row_generator(seed: Optional[int], sample_index: int) -> torch.Generator:
     return g
 
 
-def draw_uniforms(generators: Sequence[torch.Generator], device) -> torch.Tensor:
-    """One U[0,1) per row, each from its own stream, as a float64 tensor on ``device``."""
-    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
-    return u.to(device)
-
-
 def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
                 uniforms: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row and return (tokens [B], log-probs [B] float32).
@@ -91,3 +85,50 @@ class StopStrings:
             return False
         tail = self.tokenizer.decode(generated[-self.window:], skip_special_tokens=False)
         return any(s in tail for s in self.stops)
+
+
+UNIFORM_BLOCK = 64
+"""Uniforms a row draws from its stream at once (:class:`UniformBlocks`)."""
+
+
+class UniformBlocks:
+    """One U[0,1) per live row and step, each row from its own stream, drawn ``block`` at a time:
+    row i's t-th uniform is the t-th draw of its own generator (one call for ``block`` values gives the
+    same numbers as ``block`` calls for one), so every row samples exactly what one draw per step
+    gave it, and a step gathers the batch's uniforms in one tensor operation. A row that ended
+    leaves the rest of its block unused (its generator is never read again)."""
+
+    def __init__(self, generators: Sequence[torch.Generator], block: int = UNIFORM_BLOCK):
+        self.generators = list(generators)
+        self.block = block
+        self.values = torch.zeros((len(self.generators), block), dtype=torch.float64)
+        self.used = torch.full((len(self.generators),), block, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def next(self, live: torch.Tensor) -> torch.Tensor:
+        """The next uniform of every row where ``live`` (a CPU bool [rows]) is true, 0 elsewhere:
+        float64 [rows] on the CPU."""
+        empty = (self.used >= self.block) & live
+        if bool(empty.any()):
+            for i in empty.nonzero().flatten().tolist():
+                torch.rand(self.block, generator=self.generators[i], dtype=torch.float64, out=self.values[i])
+                self.used[i] = 0
+        u = self.values.gather(1, self.used.clamp(max=self.block - 1).unsqueeze(1)).squeeze(1)
+        self.used += live.long()
+        return torch.where(live, u, torch.zeros_like(u))
+
+    def select(self, rows: Sequence[int]) -> "UniformBlocks":
+        """The blocks of ``rows`` only, in that order."""
+        out = UniformBlocks([self.generators[i] for i in rows], self.block)
+        idx = torch.tensor(list(rows), dtype=torch.long)
+        out.values, out.used = self.values[idx], self.used[idx]
+        return out
+
+    def extend(self, other: "UniformBlocks") -> "UniformBlocks":
+        """These rows, then ``other``'s."""
+        out = UniformBlocks(self.generators + other.generators, self.block)
+        out.values = torch.cat([self.values, other.values])
+        out.used = torch.cat([self.used, other.used])
+        return out

@@ -175,3 +175,31 @@ def test_full_state_dict_with_tied_aliases_loads_as_is(tiny_dir, tokenizer):
     for name, t in sd.items():
         assert torch.equal(engine.model.state_dict()[name], t), name
     assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.parametrize("read_every", [3, 8])
+def test_reading_tokens_every_few_steps_keeps_the_records(hf_engine, tokenizer, read_every):
+    """An accelerator's engine reads the sampled tokens every few steps (rows that ended in between
+    sample on until the read): the records are those of a read every step, EOS, stop strings and
+    token limits included."""
+    reqs = requests(tokenizer, n=3, max_new_tokens=29, seed=5)
+    reqs += [GenerationRequest(reqs[1].prompt_ids, SamplingParams(n=2, max_new_tokens=7, seed=6, stop=("e", "a"))),
+             GenerationRequest(reqs[3].prompt_ids, SamplingParams(n=2, temperature=0.0, max_new_tokens=11))]
+    model = hf_engine.model
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tokenizer.eos_token_id] = 4.0   # EOS likely enough that some rows end early
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: o + bias)
+    try:
+        hf_engine.read_every = 1
+        want = hf_engine.generate(reqs)
+        hf_engine.read_every = read_every
+        got = hf_engine.generate(reqs)
+    finally:
+        hf_engine.read_every = None
+        handle.remove()
+    reasons = [c.finish_reason for x in want for c in x]
+    assert "stop" in reasons and "length" in reasons
+    assert any(0 < len(c.token_ids) < 29 and c.token_ids[-1] == tokenizer.eos_token_id for c in want[0])
+    for w, g in zip(want, got):
+        assert [(c.token_ids, c.logprobs, c.finish_reason, c.text) for c in w] == \
+               [(c.token_ids, c.logprobs, c.finish_reason, c.text) for c in g]
