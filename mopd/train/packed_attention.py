@@ -17,10 +17,11 @@ lengths) runs over the L real tokens only, never over padding:
   sum_s n_s^2 / 2 plus a block of slack per boundary. CPU and CUDA; on CPU FlexAttention has no
   backward, so under autograd on CPU the same attention is computed as ``SEGMENTS`` does.
 - ``SEGMENTS`` (config ``packed_sdpa``): the projections, norms and MLP on the packed row, and
-  for the attention alone the calls scattered into a right-padded [S, H, W, D] batch (W the
-  longest call) for one causal SDPA, then gathered back. Work S * W^2 / 2 per head (the padded
-  batch's attention) in one batched kernel call: on CPU 4x faster than S separate calls
-  (forward plus backward, 8k-token rows). Pure torch, any device, differentiable.
+  for the attention alone (``packed_causal_attention``) either the calls scattered into a
+  right-padded [S, H, W, D] batch (W the longest call) for one causal SDPA, then gathered back
+  (work S * W^2 / 2 per head, one batched kernel call), or, on a CPU running one thread, one
+  causal SDPA per call over views of the packed row (work sum_s n_s^2 / 2, no copies), whichever
+  measured cheaper there. Pure torch, any device, differentiable.
 
 ``segment_attention`` (one SDPA per call, pure torch) is the reference the tests hold the
 others to, and ``reference_varlen_attn`` wraps it in varlen_attn's signature for CPU tests.
@@ -152,6 +153,21 @@ def padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
     return o.transpose(1, 2)[layout.rows, layout.cols]
 
 
+def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: "PackedLayout",
+                            scale: Optional[float]) -> torch.Tensor:
+    """SEGMENTS' attention: one SDPA per call over views of the packed tensors on a CPU running
+    one thread (or for a row of one call), else the padded batch (``padded_causal_attention``).
+
+    Measured in one process (bench/bench_packed_attention_copy.py, forward + backward): on one
+    thread the calls alone take 0.79x the padded round trip's CPU time on an 8k-token row of 15
+    calls and 1.0x on a 2k-token row of 4 (they skip the copies and the padding's S * W^2 / 2
+    work); on two threads of a shared machine 1.5-2.8x its time, since each call is one more
+    parallel region whose barriers wait for descheduled threads, and the padded batch is one."""
+    if len(layout.lengths) == 1 or (q.device.type == "cpu" and torch.get_num_threads() == 1):
+        return segment_attention(q, k, v, layout.lengths, scale)
+    return padded_causal_attention(q, k, v, layout, scale)
+
+
 # It stands in for torch's varlen_attn, so it takes varlen_attn's 10 arguments as they are.
 def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
                           window_size=(-1, -1), enable_gqa=False, **_):
@@ -240,7 +256,7 @@ def _varlen(query, key, value, layout: PackedLayout, scaling):
 
 def _segments(query, key, value, layout: PackedLayout, scaling):
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    return padded_causal_attention(q, k, v, layout, scaling)[None]
+    return packed_causal_attention(q, k, v, layout, scaling)[None]
 
 
 def _flex(query, key, value, layout: PackedLayout, scaling):

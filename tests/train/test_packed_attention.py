@@ -250,3 +250,33 @@ def test_compiled_flex_equals_each_call_alone():
             ref = each_alone(model, calls)
             got = packed_hidden(model, packed(calls))
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4)])
+def test_packed_causal_attention_equals_the_padded_round_trip(threads, heads):
+    """SEGMENTS' attention (per-call views on one CPU thread, the padded batch on more, a single
+    call alone) gives the padded round trip's output and q/k/v gradients, on random odd lengths."""
+    g = torch.Generator().manual_seed(threads * 10 + heads[0])
+    hq, hkv = heads
+    for lengths in ([int(n) for n in torch.randint(1, 40, (7,), generator=g) * 2 + 1], [33]):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        layout = pa.packed_layout(cu, torch.device("cpu"))
+        L = sum(lengths)
+        q, k, v = (torch.randn(L, h, 8, generator=g) for h in (hq, hkv, hkv))
+        grad = torch.randn(L, hq, 8, generator=g)
+        results = []
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for fn in (pa.padded_causal_attention, pa.packed_causal_attention):
+                leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                out = fn(*leaves, layout, 0.3)
+                out.backward(grad)
+                results.append([out.detach()] + [t.grad for t in leaves])
+        finally:
+            torch.set_num_threads(before)
+        for want, got in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        ref = pa.segment_attention(q, k, v, lengths, 0.3)
+        torch.testing.assert_close(results[1][0], ref, rtol=1e-5, atol=1e-5)
