@@ -113,7 +113,8 @@ class DocShell:
         """Run one documented command; its output, or DocCommandFailed / KnownFailure."""
         text = as_run(cmd.text, self.assets, self.port)
         self.ran.append((cmd.where, text))
-        if cmd.lang == "bash" and (text.rstrip().endswith("&") or " --serve" in text):
+        if cmd.lang == "bash" and (text.rstrip().endswith("&") or " --serve" in text
+                                   or text.startswith("mopd retriever serve")):
             return self.start_server(cmd, text)
         argv = ["bash", "-c", text] if cmd.lang == "bash" else [str(ROOT / ".venv" / "bin" / "python"), "-c", text]
         proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)

@@ -37,6 +37,11 @@ SEQUENCES: dict[str, tuple[Part, ...]] = {
         Part("docs/gpu_training.md", "The paper's run, step by step"),
         Part("docs/gpu_training.md", "Your own model: chat templates, context and a first check"),
     ),
+    # slow: the retriever's page: its Python use in-process, then its server started (on the CPU)
+    "retriever": (
+        Part("mopd/retriever/README.md", "Retriever"),
+        Part("mopd/retriever/README.md", "Starting the server for training"),
+    ),
     # slow: the demo's smoke run, then the viewer's and the demo page's commands on what it wrote
     "demo": (
         Part("README.md", "1. Run the built-in demo"),
