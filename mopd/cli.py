@@ -4,16 +4,23 @@ Each area keeps its commands in its own ``commands`` module with a ``register(su
 function, and so does each recipe that brings commands (:func:`mopd.core.recipes.recipe_command_modules`);
 they are imported only when the command line is built, so ``mopd --help`` stays fast
 and an area's heavy imports (torch, transformers, faiss) happen only when its command runs.
+
+The recipes are imported only for a command that no core module offers (``mopd demo``): ``mopd
+--version``, ``mopd --help`` and the core's commands run whatever a recipe does at import (a hang,
+an exit, prints). ``--help`` lists the recipes' commands from their source
+(:func:`mopd.core.recipes.declared_commands`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import List, Optional
 
-from mopd.core.recipes import failed_recipes, failure_note, recipe_command_modules
+from mopd.core.recipes import (declared_commands, failed_recipes, failure_note, recipe_command_modules,
+                               run_plugin_code)
 
 # Areas whose commands the CLI offers, in --help order.
 COMMAND_MODULES = [
@@ -28,7 +35,10 @@ COMMAND_MODULES = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    """The command line for ``argv``: the core's commands, and the recipes' when ``argv`` names a
+    command that the core does not offer, or when ``argv`` is None (every command). For ``--help``
+    and the core's commands the recipes' commands are listed, not imported."""
     parser = argparse.ArgumentParser(
         prog="mopd",
         description="MultiAgent-OPD: train a Leader/Searcher/Answerer team that shares one LLM "
@@ -38,24 +48,44 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    word = None if argv is None else _command_word(argv)
+    if argv is not None and (word is None or word in sub.choices):
+        for command, text in declared_commands():   # listed for --help; `mopd COMMAND` imports its recipe
+            if command not in sub.choices:
+                sub.add_parser(command, help=text, add_help=False)
+        return parser
     for name in recipe_command_modules():   # the recipes that loaded (one that failed was one warning line)
-        try:
-            importlib.import_module(name).register(sub)
-        except Exception as e:   # a recipe's broken commands cost its commands, not the command line
-            print(f"mopd: warning: {name} failed to load and is skipped: {type(e).__name__}: {e}", file=sys.stderr)
+        _register_recipe_commands(name, sub)
     return parser
+
+
+def _register_recipe_commands(name: str, sub) -> None:
+    """Import a recipe's ``commands`` module and call its ``register(sub)`` as the recipe itself was
+    imported (bounded, prints on stderr); whatever it raises costs its commands and one warning
+    line, not the command line (what it added before it failed is taken out of the choices)."""
+    before = set(sub.choices)
+    if not run_plugin_code(name, lambda: importlib.import_module(name).register(sub)):
+        added = [c for c in sub.choices if c not in before]
+        for command in added:
+            del sub.choices[command]
+        sub._choices_actions[:] = [a for a in sub._choices_actions if a.dest not in added]   # --help's lines
+
+
+def _command_word(argv: List[str]) -> Optional[str]:
+    """The command that ``argv`` names (its first word that is not an option), None for none."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def _unknown_command(parser: argparse.ArgumentParser, argv: List[str]) -> Optional[str]:
     """One line for a command that no loaded module offers while a recipe failed to load (it may
     have offered it); None when argparse's own message will do."""
-    words = [a for a in argv if not a.startswith("-")]
-    if not words or not failed_recipes():
+    word = _command_word(argv)
+    if word is None or not failed_recipes():
         return None
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if words[0] in sub.choices:
+    if word in sub.choices:
         return None
-    return f"mopd: error: unknown command {words[0]!r}{failure_note()}"
+    return f"mopd: error: unknown command {word!r}{failure_note()}"
 
 
 def _version() -> str:
@@ -65,8 +95,13 @@ def _version() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    unknown = _unknown_command(parser, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser = build_parser(argv)   # may import the recipes: a Ctrl-C meanwhile is the user's
+    except KeyboardInterrupt:
+        print("mopd: interrupted", file=sys.stderr)
+        return 130
+    unknown = _unknown_command(parser, argv)
     if unknown:
         print(unknown, file=sys.stderr)
         return 2
@@ -102,8 +137,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def run() -> None:
     """The ``mopd`` command: ``main``, then the exit that a torchrun worker needs
-    (``mopd.train.distributed.end_process``)."""
-    code = main()
+    (``mopd.train.distributed.end_process``). A reader that stops reading (``mopd config list |
+    head -3``) ends the command quietly, as for any tool in a pipe."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
+        code = 141   # 128 + SIGPIPE, what a shell reports for a tool the pipe ended
     if "mopd.train.distributed" in sys.modules:   # only a training command can have joined a group
         from mopd.train.distributed import end_process
 

@@ -30,8 +30,16 @@ def _show(args) -> int:
 
 
 def _list(args) -> int:
+    import sys
+
     from mopd.config import PRESETS
 
-    for name, fn in PRESETS.items():
+    shown = set()
+    for name, fn in PRESETS.held():   # the core's, before any recipe is imported (one may be slow)
         print(f"{name:26s} {(fn.__doc__ or '').strip()}")
+        shown.add(name)
+    sys.stdout.flush()
+    for name, fn in PRESETS.items():   # then the recipes'
+        if name not in shown:
+            print(f"{name:26s} {(fn.__doc__ or '').strip()}")
     return 0

@@ -57,8 +57,9 @@ def register_preset(fn: Callable) -> Callable:
 
 
 def get_preset(name: str) -> Callable:
-    """The preset function called ``name``; a one-line ConfigError naming the presets if none."""
-    return PRESETS.lookup(name)
+    """The preset function called ``name``; a one-line ConfigError naming the presets if none, and
+    one naming the preset and its recipe if calling it raises (:meth:`Registry.builder`)."""
+    return PRESETS.builder(name)
 
 
 def preset_names() -> Tuple[str, ...]:

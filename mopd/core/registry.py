@@ -15,18 +15,22 @@ registers itself where it is implemented, with :meth:`Registry.register` as a de
 It reads as a read-only mapping (``name in r``, ``r[name]``, ``r.items()``, ``sorted(r)``), and
 :meth:`Registry.lookup` is the lookup that fails in one line naming the valid choices.
 
-Every read (a lookup, ``in``, a listing) first loads the recipes (:func:`mopd.core.recipes.load_recipes`,
-once per process), so a recipe's entries are seen the same way by every caller: the command line,
-a config check, ``python -c``. What a recipe registers is taken out again if it fails to import.
+A listing, and a read of a name it does not hold, first load the recipes
+(:func:`mopd.core.recipes.load_recipes`, once per process), so a recipe's entries are seen the same
+way by every caller: the command line, a config check, ``python -c``. A name it holds is read
+without them (no recipe can take a registered name, so the answer is the same), so a command that
+names only the core's entries never imports a recipe. What a recipe registers is taken out again
+if it fails to import.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Mapping
 from typing import Dict, Generic, Iterator, Optional, Tuple, Type, TypeVar, Union
 
-from mopd.core.recipes import failure_note, load_recipes, note_registration
+from mopd.core.recipes import failure_note, load_recipes, note_registration, recipe_of
 
 T = TypeVar("T")
 
@@ -34,7 +38,7 @@ T = TypeVar("T")
 class Registry(Mapping, Generic[T]):
     """Objects by name. ``kind`` names an entry in errors (``unknown engine 'x'``); ``error`` is the
     exception :meth:`lookup` raises (a ValueError subclass: the config passes its ConfigError).
-    Every read loads the recipes first (the module docstring)."""
+    A listing, or a read of a name it lacks, loads the recipes first (the module docstring)."""
 
     def __init__(self, kind: str, plural: str = "", error: Type[ValueError] = ValueError):
         self.kind = kind
@@ -69,9 +73,16 @@ class Registry(Mapping, Generic[T]):
         """The registered names, in registration order."""
         return tuple(self._read())
 
+    def held(self) -> Tuple[Tuple[str, T], ...]:
+        """``(name, entry)`` of what it holds now, without loading the recipes: before they load, the
+        core's own entries (``mopd config list`` shows them before any recipe is imported)."""
+        return tuple(self._entries.items())
+
     def lookup(self, name: str) -> T:
         """The entry called ``name``; a one-line ``error`` naming the close match and every valid
         name when there is none (and the recipes that failed to load, which may have provided it)."""
+        if name in self._entries:
+            return self._entries[name]
         entries = self._read()
         if name not in entries:
             close = difflib.get_close_matches(str(name), entries, n=1)
@@ -79,11 +90,34 @@ class Registry(Mapping, Generic[T]):
             raise self.error(f"unknown {self.kind} {name!r}{hint}; {self.plural}: {sorted(entries)}{failure_note()}")
         return entries[name]
 
+    def builder(self, name: str):
+        """:meth:`lookup`'s entry (a function that builds something: a preset) wrapped so that
+        whatever it raises when called (a recipe's bug, an exit) is one line of ``error`` naming the
+        entry and where it comes from: ``preset 'x' (recipe mopd.recipes.r) failed to build: ...``.
+        A Ctrl-C still interrupts."""
+        fn = self.lookup(name)
+
+        @functools.wraps(fn)
+        def build(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (Exception, SystemExit) as e:   # a plug-in's failure of any kind but the user's Ctrl-C
+                module = getattr(fn, "__module__", None) or "?"
+                recipe = recipe_of(module)
+                where = f"recipe {recipe}" if recipe else module
+                text = " ".join(str(e).split())
+                raise self.error(f"{self.kind} {name!r} ({where}) failed to build: {type(e).__name__}"
+                                 f"{': ' + text if text else ''}") from None
+
+        return build
+
     def _read(self) -> Dict[str, T]:
         load_recipes()
         return self._entries
 
     def __getitem__(self, name: str) -> T:
+        if name in self._entries:
+            return self._entries[name]
         return self._read()[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -93,7 +127,7 @@ class Registry(Mapping, Generic[T]):
         return len(self._read())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._read()
+        return name in self._entries or name in self._read()
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"

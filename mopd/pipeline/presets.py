@@ -88,7 +88,7 @@ def _merged(preset, overrides, yaml_file):
     elif preset is None:
         base = PipelineConfig
     else:
-        base = PIPELINES.lookup(preset)()
+        base = PIPELINES.builder(preset)()
     return merge_layers(base, PIPELINE_CONFIG, overrides, yaml_file)
 
 
