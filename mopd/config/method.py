@@ -58,7 +58,8 @@ class RewardConfig:
     """Estimator kl_t of the KL in the reward, one of the kernels' registered estimators
     (``mopd_kernels.kl``: k1 = old_logp - ref_logp, the paper's and verl's default; k2; k3)."""
     kl_roles: List[str] = field(default_factory=list)
-    """Roles whose reward carries the KL term (Stage II: leader, answerer)."""
+    """Roles whose reward carries the KL term (Stage II: leader, answerer); ``reward.kl_coef`` > 0
+    with none is refused (it would train with no KL anywhere)."""
     critic_em: float = 0.3
     """Prompted Critic: weight of R_EM in the Searcher reward."""
     critic_judge: float = 0.5
@@ -74,6 +75,9 @@ class RewardConfig:
         positive("reward.kl_coef", self.kl_coef, allow_zero=True)
         choice("reward.kl_type", self.kl_type, KL_TYPES)
         _known_roles("reward.kl_roles", self.kl_roles)
+        if self.kl_coef > 0 and not self.kl_roles:
+            raise ConfigError(f"reward.kl_coef={self.kl_coef!r} puts a KL in no role's reward: reward.kl_roles is "
+                              f"empty; name the roles (reward.kl_roles=[leader,answerer]) or set reward.kl_coef=0")
 
     def of(self, role: str) -> str:
         """The reward of ``role`` (its role-table default when the config does not name it)."""
