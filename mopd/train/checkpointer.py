@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mopd.core.errors import Interrupted
 from mopd.train import checkpoint as ckpt
-from mopd.train.disk_space import checkpoint_bytes, is_out_of_space, no_space_message
+from mopd.train.disk_space import (checkpoint_bytes, is_out_of_space, no_space_message, save_failed_message,
+                                   write_failure)
 from mopd.train.errors import TrainingError
 from mopd.train.export import export_weights
 from mopd.train.export_target import ExportTargetError, check_export_target, marker, repair_export
@@ -69,8 +70,9 @@ class Checkpointer:
         return models.base_weights if models.trains_adapters else None
 
     def save(self) -> Path:
-        """Checkpoint the current step; a second Ctrl-C during the write and a full disk are one line
-        each (``Interrupted``, ``TrainingError``), the older checkpoints untouched."""
+        """Checkpoint the current step; a second Ctrl-C during the write, a full disk and any other
+        write failure (a file-size limit, a failing disk) are one line each (``Interrupted``,
+        ``TrainingError``), the older checkpoints untouched."""
         t = self.trainer
         previous = ckpt.list_checkpoints(self.run_dir)
         try:
@@ -84,9 +86,13 @@ class Checkpointer:
                         "no checkpoint of this run exists yet")
                 raise Interrupted(f"stopped while checkpoint step {t.step} was written; {kept}") from None
             need = _dir_bytes(previous[-1]) if previous else checkpoint_bytes(self.cfg.model.path)
-            if not is_out_of_space(e, self.run_dir, need):
+            kept = previous[-1].name if previous else None
+            if is_out_of_space(e, self.run_dir, need):
+                raise TrainingError(no_space_message(self.run_dir, need, kept)) from None
+            cause = write_failure(e)   # any other write failure (a file-size limit, EIO, EROFS): the same
+            if cause is None:
                 raise
-            raise TrainingError(no_space_message(self.run_dir, need, previous[-1].name if previous else None)
+            raise TrainingError(save_failed_message(self.run_dir / "checkpoints" / f"step_{t.step:06d}", cause, kept)
                                 ) from None
         self.saved_step = t.step
         t.logger.event(t.step, "checkpoint", f"saved {path}")
@@ -230,11 +236,24 @@ class Checkpointer:
         if best is not None and best["step"] != t.step:
             step, source = best["step"], str(ckpt.best_checkpoint(self.run_dir).resolve())
             ckpt.load_model_weights(ckpt.best_checkpoint(self.run_dir), t.model)
+        line = f"exporting step {step} to {out_dir}: {_export_reason(which, best, t.step)}"
+        t.logger.event(t.step, "export", line)
+        self.say(line)
         try:
             return export_weights(t.model, t.tokenizer, out_dir, marker(self.run_dir, source, step), models=t.models,
                                   adapter=adapter)
         except ckpt.CheckpointError as e:
             raise TrainingError(str(e)) from None
+
+
+def _export_reason(which: str, best: Optional[dict], last: int) -> str:
+    """Why an export takes the step it takes (best by validation, or the last weights)."""
+    if which == "last":
+        return f"the last weights (step {last} of the run; --export-checkpoint last)"
+    if best is None:
+        return f"the last weights (step {last}): no validation marked a best checkpoint"
+    ran = "also the last step" if best["step"] == last else f"the run ended at step {last}"
+    return f"the best validation ({best['metric'] or 'value'} {best['value']:.4f}; {ran})"
 
 
 def _dir_bytes(path: Path) -> int:

@@ -1,11 +1,14 @@
-"""Room for checkpoints: checked before the first step, and named when a save runs out of it.
+"""Room for checkpoints: checked before the first step, and named when a save runs out of it; any
+other write failure of a save (a file-size limit, a read-only or failing disk) named the same way.
 
 A checkpoint holds the fp32 master weights and AdamW's two fp32 moments: 12 bytes a parameter,
 plus small files (RNG, trainer state, manifest). Before training starts the run directory's file
 system must have room for one more; a save that still fills the disk (retention keeps several,
 other jobs write too) is reported as "no space left" with the space it needed, rather than as
 torch's zip-writer error ("unexpected pos ..."), and the previous checkpoints are untouched (the
-save writes into ``step_N.tmp`` and removes it when it fails).
+save writes into ``step_N.tmp`` and removes it when it fails). Every other write failure of a save
+(:func:`write_failure`: ``EFBIG`` under ``ulimit -f`` or a file system's file-size cap, ``EIO``,
+``EROFS``, ...) is one line naming the checkpoint and the cause, the previous ones intact alike.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from mopd.core.out_path import nearest_existing
@@ -88,3 +92,51 @@ def no_space_message(run_dir, need: int | None, previous: str | None) -> str:
     needed = f"{need / MB:.0f} MB needed" if need else "a checkpoint's worth needed"
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was written"
     return f"no space left on {device_of(run_dir)}: {needed}, {kept}"
+
+
+ZIP_WRITER = "inline_container.cc"
+"""Where torch's zip writer (torch.save, and DCP's files) raises from when a write fails: its
+RuntimeError hides the errno ("unexpected pos ...", "file write failed")."""
+
+
+def write_failure(e: BaseException) -> str | None:
+    """What made a save's write fail, in words, when ``e`` is a write failure: an OSError anywhere
+    among its causes (its message, errno name and file), or torch's zip writer failing (which hides
+    the errno: a file-size limit named when the process has one, else the writer's message); None
+    for anything else (a bug is raised as it is)."""
+    causes = list(_causes(e))
+    for c in causes:
+        if isinstance(c, OSError) and c.errno is not None:
+            where = f" ({c.filename})" if c.filename else ""
+            return f"{c.strerror or c}{where} [{errno.errorcode.get(c.errno, c.errno)}]{_limit_note(c.errno)}"
+    writer = next((c for c in causes if isinstance(c, RuntimeError) and ZIP_WRITER in str(c)), None)
+    if writer is None:
+        return None
+    text = " ".join(str(writer).split())
+    limit = _file_size_limit()
+    if limit is not None:
+        return (f"torch's writer failed ({text}): this process may write files of at most {limit} bytes "
+                f"(ulimit -f / RLIMIT_FSIZE), and a checkpoint file is likely larger")
+    return f"torch's writer failed ({text}): the disk or its file system refused a write"
+
+
+def _limit_note(code: int) -> str:
+    limit = _file_size_limit() if code == errno.EFBIG else None
+    return f": this process may write files of at most {limit} bytes (ulimit -f / RLIMIT_FSIZE)" if limit else ""
+
+
+def _file_size_limit() -> int | None:
+    """The process's file-size limit in bytes (``ulimit -f``), None when there is none."""
+    if sys.platform == "win32":
+        return None
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def save_failed_message(path, cause: str, previous: str | None) -> str:
+    """One line: the checkpoint that could not be written, why, and what the run still has."""
+    kept = (f"the previous checkpoint {previous} is intact (--resume continues from it)" if previous else
+            "no earlier checkpoint was written (the run starts again from step 0)")
+    return f"checkpoint {path} could not be written: {cause}; {kept}"
