@@ -31,7 +31,10 @@ def _register_demo(sub) -> None:
                     "contribution, MultiAgent-OPD against C-MAS + RL, and the trained-minus-base checks. "
                     "Finished stages are reused, so a second run (or a resumed one) is quick. It is the `demo` "
                     "pipeline (`mopd pipeline demo --dry-run` lists its stages).")
-    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--out", default=None,
+                   help="run directory (default: runs/demo; each mode its own: runs/demo_quick with --quick, "
+                        "runs/demo_seeds with --seeds, runs/demo_lora... with --lora; a directory that another "
+                        "mode built is refused, never rebuilt)")
     p.add_argument("--seed", type=int, default=0, help="seed of the world, pi_0 and training (default 0)")
     p.add_argument("--with-ablations", action="store_true",
                    help="also train the outcome-reward Searcher and base-teacher ablations (read at their last "
@@ -91,11 +94,7 @@ def _demo(args) -> int:
     from mopd.recipes.tiny_world.demo import run_demo, run_seeds
     from mopd.recipes.tiny_world.pipeline import quick_settings
 
-    out = args.out
-    if args.seeds is not None and out == "runs/demo":
-        out = "runs/demo_seeds"
-    if args.lora and out in ("runs/demo", "runs/demo_seeds"):   # never into a full demo's directory
-        out = "runs/demo_lora_quick" if args.quick and args.seeds is None else out.replace("runs/demo", "runs/demo_lora", 1)
+    out = args.out or default_demo_dir(quick=args.quick, lora=args.lora, seeds=args.seeds is not None)
     try:
         s = DemoSettings(out=out, seed=args.seed, pi0_steps=args.pi0_steps, stage1_steps=args.stage1_steps,
                          stage2_steps=args.stage2_steps, test_questions=args.test_questions, attempts=args.attempts,
@@ -120,6 +119,12 @@ def _demo(args) -> int:
         raise UserError(str(e)) from None
     print(f"report: {report}")
     return 0
+
+
+def default_demo_dir(quick: bool, lora: bool, seeds: bool) -> str:
+    """Each mode of `mopd demo` in its own directory, so that none rebuilds what another built:
+    runs/demo, then _lora, _quick, _seeds as they apply (runs/demo_quick, runs/demo_lora_quick_seeds)."""
+    return "runs/demo" + "_lora" * lora + "_quick" * quick + "_seeds" * seeds
 
 
 def _register_demo_docs(sub) -> None:

@@ -39,9 +39,35 @@ def run_demo(s: DemoSettings) -> Path:
     split, its check and both stages' validation curves use the dev split."""
     cfg = demo_config(s)
     root = Path(cfg.root)
+    refuse_another_mode(root, s)
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo_settings.json").write_text(json.dumps(dataclasses.asdict(s), indent=2))
     return run_pipeline(cfg)
+
+
+def mode_of(settings: dict) -> str:
+    """``full``, ``quick``, ``LoRA`` or ``LoRA quick``: what a demo's settings (its
+    ``demo_settings.json``) say it builds."""
+    words = ["LoRA"] * bool(settings.get("lora")) + ["quick"] * bool(settings.get("quick"))
+    return " ".join(words) or "full"
+
+
+def refuse_another_mode(root: Path, s: DemoSettings) -> None:
+    """A demo directory that another mode built (a quick run's world and pi_0 are not the full
+    demo's, and rebuilding them would delete 12-25 minutes of work) is refused in one line, never
+    rebuilt: each mode has its own default directory."""
+    from mopd.core.errors import UserError
+
+    try:
+        recorded = json.loads((root / "demo_settings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):   # none yet (or unreadable: nothing of a mode to protect)
+        return
+    if not isinstance(recorded, dict):
+        return
+    theirs, ours = mode_of(recorded), mode_of(dataclasses.asdict(s))
+    if theirs != ours:
+        raise UserError(f"{root} holds a {theirs} demo; a {ours} run would rebuild its world and pi_0: give it "
+                        f"its own directory (--out; by default each mode has one), or remove {root} first")
 
 
 def run_seeds(s: DemoSettings, seeds: List[int]) -> Path:
