@@ -12,6 +12,7 @@ import pytest
 from mopd.config import ConfigError, resolve
 from mopd.core.adapter_dir import AdapterDirError, adapter_of, is_adapter_dir, safetensors_shapes
 from mopd.core.run_models import (COPY, MERGED_COPY, VIEW_ADAPTER, VIEW_BASE, RunModels, RunModelsError)
+from tests.helpers.adapters import write_random_adapter
 from tests.helpers.tiny_model import init_tiny_model
 
 
@@ -24,21 +25,8 @@ def base(tmp_path_factory):
 @pytest.fixture(scope="module")
 def adapter(base, tmp_path_factory):
     """An adapter directory over ``base`` written as `mopd export --adapter` writes one (rank 4)."""
-    import torch
-
-    from mopd.core.run_models import Adapters
-    from mopd.train import lora
-    from mopd.train.model import load_causal_lm
-
-    model, _ = load_causal_lm(base, dtype=torch.float32, device=torch.device("cpu"))
-    a = Adapters(4, 8.0, 0.0, ("q_proj", "v_proj", "down_proj"))
-    lora.add_adapters(model, a, base)
-    for n, p in model.named_parameters():
-        if ".lora_B." in n:
-            torch.nn.init.normal_(p, std=0.05)
-    out = tmp_path_factory.mktemp("adapters") / "adapter"
-    lora.write_adapter_dir(out, lora.adapter_state_dict(model), a, RunModels(base, a, ()).base_record)
-    return str(out)
+    return write_random_adapter(base, tmp_path_factory.mktemp("adapters") / "adapter", rank=4,
+                                targets=("q_proj", "v_proj", "down_proj"))
 
 
 def models(*overrides, preset="mopd", **kw):

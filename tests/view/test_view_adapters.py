@@ -7,28 +7,16 @@ import math
 import shutil
 
 import pytest
-import torch
 
 from mopd.cli import main
-from mopd.core.run_models import Adapters, RunModels
-from mopd.train import lora
-from mopd.train.model import load_causal_lm
 from mopd.view.sources import model_dir_of, open_source
 from mopd.view.teacher_scores import score_searchers
+from tests.helpers.adapters import write_random_adapter
 
 
 @pytest.fixture(scope="module")
 def adapter_dir(view_model_dir, tmp_path_factory):
-    model, _ = load_causal_lm(view_model_dir, dtype=torch.float32, device=torch.device("cpu"))
-    a = Adapters(4, 8.0, 0.0, ("q_proj", "v_proj"))
-    lora.add_adapters(model, a, view_model_dir)
-    torch.manual_seed(0)
-    for n, p in model.named_parameters():
-        if ".lora_B." in n:
-            torch.nn.init.normal_(p, std=0.2)
-    out = tmp_path_factory.mktemp("view_adapter") / "adapter"
-    lora.write_adapter_dir(out, lora.adapter_state_dict(model), a, RunModels(view_model_dir, a, ()).base_record)
-    return str(out)
+    return write_random_adapter(view_model_dir, tmp_path_factory.mktemp("view_adapter") / "adapter", std=0.2)
 
 
 def test_an_adapter_teacher_scores_as_its_merged_base(eval_root, view_model_dir, adapter_dir):
