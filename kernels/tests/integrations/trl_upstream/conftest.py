@@ -76,7 +76,6 @@ if not collect_ignore:
 REFUSED = "refused by FusedGRPOTrainer in one line (documented in kernels/README.md): "
 PLAIN_TOO = "fails for plain trl.GRPOTrainer 1.16 on this CPU too: "
 NOT_RUN = {
-    "test_training_with_entropy_filter": REFUSED + "top_entropy_quantile < 1",
     "test_training_with_mask_truncated_completions": PLAIN_TOO + "the test writes Qwen2.5's pad and eos ids "
                                                       "(151643, 151645) into completions, past the tiny models' "
                                                       "512-token vocabulary (IndexError in the embedding)",
