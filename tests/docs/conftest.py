@@ -1,6 +1,6 @@
 """The files the docs' commands find on a user's machine, made tiny: the Hub model (a random Qwen3
-model in a private Hugging Face cache, under the docs' model id), a QA file, the bundled corpus's
-index in place of wiki-18's, and the paper pipeline's settings for a tiny run."""
+model in a private Hugging Face cache, under the docs' model id), a QA file, and the paper pipeline's
+settings for a tiny run (the bundled corpus's index, for wiki-18's, is linked in on first use)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ def tiny_paper_yaml(assets) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
-    from mopd.retriever.bundled import bundled_index
     from tests.helpers.tiny_model import init_tiny_model
 
     assets = tmp_path_factory.mktemp("doc_assets")
@@ -46,7 +45,6 @@ def tiny_assets(tmp_path_factory):
     rows = [{"id": f"q{i}", "question": f"Which town was band {rng.randrange(1000)} formed in?",
              "golden_answers": [f"town {rng.randrange(5)}"]} for i in range(9)]
     (assets / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (assets / "bundled_index").symlink_to(bundled_index())
     (assets / "tiny_paper.yaml").write_text(tiny_paper_yaml(assets))
     return assets
 

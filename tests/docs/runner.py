@@ -59,6 +59,9 @@ SUBSTITUTIONS = (
     Substitution(r"--device cuda --faiss-gpu --encoder-devices all", "--device cpu", "a GPU -> the CPU"),
     Substitution(r"(?<=[:\s])8000\b", "{port}", "port 8000 -> a free port of this machine"),
     Substitution(r"/models/my-model", "{assets}/models/tiny", "your model -> the tiny random model"),
+    Substitution(r"^\.venv/bin/mopd demo --quick", ".venv/bin/mopd demo --quick --out runs/demo trainer.trace_every=1",
+                 "the smoke run stands for the full demo (about 25 minutes) whose runs/demo the viewer's commands "
+                 "read: in its directory, with token traces every step (the demo's at steps 5 and 10)"),
     Substitution(r"\bEVAL_DIR\b", "runs/demo/eval/multiagent_opd", "the placeholder -> the demo's evaluation"),
     Substitution(r"^mopd view records\.jsonl", "mopd view runs/demo/eval/multiagent_opd/records.jsonl",
                  "a records file -> the demo evaluation's"),
@@ -113,6 +116,10 @@ class DocShell:
         """Run one documented command; its output, or DocCommandFailed / KnownFailure."""
         text = as_run(cmd.text, self.assets, self.port)
         self.ran.append((cmd.where, text))
+        index = self.assets / "bundled_index"
+        if str(index) in text and not index.exists():   # built on first use (about a minute, then cached)
+            from mopd.retriever.bundled import bundled_index
+            index.symlink_to(bundled_index())
         if cmd.lang == "bash" and (text.rstrip().endswith("&") or " --serve" in text
                                    or text.startswith("mopd retriever serve")):
             return self.start_server(cmd, text)
