@@ -10,13 +10,17 @@ round (the order flips each round) on the same work and reports medians:
   (``eos_ids`` emptied: both variants make exactly ``new`` tokens a row).
 - ``floor``: transformers' ``StaticCache`` sized prompt + new; one forward over the unique prompts,
   its cache rows repeated for the samples (``reorder_cache``), then ``new`` single-token forwards
-  with no attention mask (no padding: all prompts have the same length), each sampling with
-  ``torch.multinomial`` into a preallocated token buffer; one host transfer at the end.
+  with no attention mask (no padding: all prompts have the same length), each choosing its token
+  by ``argmax`` (the cheapest choice there is: 0.35 ms a step at batch 8 and vocabulary 49,152,
+  where ``torch.multinomial`` takes 10.6 ms and the engine's seeded inverse-CDF sampling 5.8 ms)
+  into a preallocated token buffer; one host transfer at the end.
 
-The prefill (one forward of the unique prompts) is the same in both and at 1,536 tokens most of the
-time, so the engine's prefill is timed too (its ``_prefill`` wrapped) and the rows report the whole
-call and the decode alone: ``ratio`` = engine / floor of the whole call, ``decode ratio`` =
-(engine - its prefill) / (floor - its prefill).
+The prefill (one forward of the unique prompts) is the same work in both and at 1,536 tokens most of
+the time, so each variant computes it once per cell and later runs replay a copy of it (the engine's
+``_prefill`` wrapped; ``--prefill`` prefills every run instead). The prefill (or its copy) is timed
+apart, and the rows report the whole call and the decode alone: ``ratio`` = engine / floor of the
+whole call, ``decode ratio`` = (engine - its prefill) / (floor - its prefill), the loop this bench is
+about.
 
     .venv/bin/python bench/bench_decode_floor.py                      # batch 8 and 32, prompt 256 and 1536, threads 1 and 2
     .venv/bin/python bench/bench_decode_floor.py --batches 8 --prompts 256 --threads 1 --rounds 3
@@ -30,6 +34,7 @@ vocabulary 49,152) with random weights, or the real one under ``MOPD_REAL_MODELS
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import json
 import os
@@ -83,25 +88,44 @@ def prompts_for(vocab: int, unique: int, length: int, seed: int):
     return torch.randint(3, vocab, (unique, length), generator=g)
 
 
-def floor_decode(model, prompts: torch.Tensor, samples: int, new: int, seed: int):
+REPLAY: dict = {}
+"""Prefills already computed, by variant and work, when ``--replay-prefill`` is on (the default)."""
+REPLAY_ON = [True]
+
+
+def replayed(key, compute):
+    """``compute()``, or with replay on, a copy of its first result for ``key`` (the copy's time
+    counts as the prefill's: the decode loop is what the bench compares)."""
+    if not REPLAY_ON[0]:
+        return compute()
+    if key not in REPLAY:
+        REPLAY[key] = compute()
+    return copy.deepcopy(REPLAY[key])
+
+
+def floor_decode(model, prompts: torch.Tensor, samples: int, new: int):
     """(tokens [rows, new], prefill seconds): the hand-stepped static-cache decode."""
     from transformers import StaticCache
 
     U, P = prompts.shape
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     t0 = CLOCK()
-    cache = StaticCache(config=model.config, max_cache_len=P + new)
-    logits = model(input_ids=prompts, use_cache=True, logits_to_keep=1, **{kw: cache}).logits[:, -1]
-    if samples > 1:
-        idx = torch.arange(U).repeat_interleave(samples)
-        cache.reorder_cache(idx)
-        logits = logits[idx]
+
+    def prefill():
+        cache = StaticCache(config=model.config, max_cache_len=P + new)
+        logits = model(input_ids=prompts, use_cache=True, logits_to_keep=1, **{kw: cache}).logits[:, -1]
+        if samples > 1:
+            idx = torch.arange(U).repeat_interleave(samples)
+            cache.reorder_cache(idx)
+            logits = logits[idx]
+        return cache, logits
+
+    cache, logits = replayed(("floor", prompts.shape, samples, new), prefill)
     t_prefill = CLOCK() - t0
-    g = torch.Generator().manual_seed(seed)
     out = torch.empty(U * samples, new, dtype=torch.long)
     pos = torch.full((U * samples, 1), P, dtype=torch.long)
     for i in range(new):
-        tok = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=g)
+        tok = logits.argmax(-1, keepdim=True)
         out[:, i:i + 1] = tok
         if i + 1 == new:
             break
@@ -117,10 +141,10 @@ def engine_run(engine, prompts: torch.Tensor, samples: int, new: int, seed: int)
     spent = [0.0]
     inner = engine._prefill
 
-    def timed_prefill(*a, **k):
+    def timed_prefill(prompts, room=0):
         t = CLOCK()
         try:
-            return inner(*a, **k)
+            return replayed(("engine", tuple(map(tuple, prompts)), room), lambda: inner(prompts, room=room))
         finally:
             spent[0] += CLOCK() - t
 
@@ -148,12 +172,12 @@ def cell(model, engine, batch: int, prompt: int, threads: int, args) -> dict:
             if variant == "engine":
                 _, p = engine_run(engine, prompts, samples, new, seed=1)
             else:
-                _, p = floor_decode(model, prompts, samples, new, seed=1)
+                _, p = floor_decode(model, prompts, samples, new)
         times[variant].append(CLOCK() - t)
         prefill[variant].append(p)
 
-    for v in ("engine", "floor"):   # warm-up, untimed (first-touch allocations)
-        run(v, new=2)
+    for v in ("engine", "floor"):   # warm-up, untimed (first-touch allocations; the prefill to replay)
+        run(v)
         times[v].clear()
         prefill[v].clear()
     for r in range(args.rounds):
@@ -183,7 +207,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--prefill", action="store_true",
+                    help="prefill every run (default: each variant's first prefill of a cell is replayed from a copy)")
     args = ap.parse_args(argv)
+    REPLAY_ON[0] = not args.prefill
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     model, label = smollm2_shaped() if args.model == "smollm2" else tiny()
