@@ -57,6 +57,7 @@ _loaded: List[str] = []
 _failed: Dict[str, str] = {}
 _state = {"done": False, "loading": False}
 _undo: List[List[Callable[[], None]]] = []   # one list per recipe being imported (the innermost last)
+_warned_bounds: set = set()
 
 
 def recipe_names() -> List[str]:
@@ -75,8 +76,10 @@ def import_bound() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        print(f"mopd: warning: {IMPORT_BOUND_ENV}={text!r} is not a number of seconds >= 0; "
-              f"using {DEFAULT_IMPORT_BOUND_S:g}", file=sys.stderr)
+        if text not in _warned_bounds:   # once per process, however often it is read
+            _warned_bounds.add(text)
+            print(f"mopd: warning: {IMPORT_BOUND_ENV}={text!r} is not a number of seconds >= 0; "
+                  f"using {DEFAULT_IMPORT_BOUND_S:g}", file=sys.stderr)
         value = DEFAULT_IMPORT_BOUND_S
     return value
 
