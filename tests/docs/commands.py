@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the pages whose commands are tests; python snippets only where the page shows code meant to run
 PAGES = ("README.md", "docs/gpu_training.md", "docs/demo.md", "docs/viewer.md", "docs/method.md",
          "docs/architecture.md", "docs/run_directories.md", "docs/performance.md", "kernels/README.md",
-         "mopd/retriever/README.md")
+         "mopd/retriever/README.md", "mopd/eval/README.md")
 PYTHON_PAGES = ("README.md", "kernels/README.md", "mopd/retriever/README.md")
 
 FENCE = re.compile(r"^```(\S*)\s*$")

@@ -32,9 +32,11 @@ SEQUENCES: dict[str, tuple[Part, ...]] = {
     ),
     # slow: the LoRA section, command by command
     "lora": (Part("docs/gpu_training.md", "LoRA: the paper's Stage II on one GPU"),),
-    # slow: the paper's run on the tiny run, its retriever served, and the first check of a model
+    # slow: the paper's run on the tiny run, its retriever served, its exports evaluated and reported by
+    # hand as mopd/eval/README.md shows, and the first check of a model
     "paper": (
         Part("docs/gpu_training.md", "The paper's run, step by step"),
+        Part("mopd/eval/README.md", "`mopd.eval`: evaluation as in the paper's Appendix A"),
         Part("docs/gpu_training.md", "Your own model: chat templates, context and a first check"),
     ),
     # slow: the retriever's page: its Python use in-process, then its server started (on the CPU)

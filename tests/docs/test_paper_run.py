@@ -1,7 +1,8 @@
 """docs/gpu_training.md's step-by-step block on the tiny run: the plan, the retriever served (the
 bundled corpus's index in wiki-18's place, on the CPU) and queried as mopd/retriever/README.md says,
 the pipeline's dry run and the pipeline itself through its subprocess commands, run again to reuse
-what is done; then "Your own model"'s first check against the served retriever."""
+what is done; mopd/eval/README.md's evaluation and report of its exports; then "Your own model"'s
+first check against the served retriever."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def test_the_papers_run_step_by_step_then_a_models_first_check(tiny_assets, tmp_
         (again,) = [c for c, _ in outputs if c.text == "mopd pipeline paper"]
         shell.run(again)
         assert (paper / "stage2" / "export" / "config.json").stat().st_mtime_ns == stamp
+        # mopd/eval/README.md on the pipeline's exports
+        assert (shell.cwd / "evals" / "report" / "report.md").exists()
+        assert len((shell.cwd / "evals" / "mopd" / "records.jsonl").read_text().splitlines()) == 4 * 9
         check = dict(outputs)[next(c for c, _ in outputs if c.text.startswith("mopd eval run --model /models"))]
         assert "format validity: leader" in check
         assert (shell.cwd / "runs" / "check" / "records.jsonl").exists()
