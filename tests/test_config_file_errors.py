@@ -31,3 +31,14 @@ def test_empty_and_good_files_still_load(tmp_path):
     assert resolve("tiny_cmas_rl", [], str(tmp_path / "empty.yaml")).trainer.steps == resolve("tiny_cmas_rl").trainer.steps
     (tmp_path / "good.yaml").write_text("trainer:\n  steps: 7\n")
     assert resolve("tiny_cmas_rl", [], str(tmp_path / "good.yaml")).trainer.steps == 7
+
+
+def test_max_steps_below_what_the_workflow_needs_is_one_line_when_the_config_is_built():
+    import pytest
+
+    from mopd.config import ConfigError, resolve
+
+    for preset, workflow in (("cmas_rl", "cmas"), ("mopd", "hmas")):
+        with pytest.raises(ConfigError, match=f"rollout.max_steps=1: a {workflow} run needs at least 2"):
+            resolve(preset, ["rollout.max_steps=1"])
+    assert resolve("cmas_rl", ["rollout.max_steps=2"]).rollout.max_steps == 2

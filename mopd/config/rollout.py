@@ -9,7 +9,7 @@ from typing import Optional
 
 from mopd.config.checks import ConfigError, choice, positive
 from mopd.config.registries import ENGINES
-from mopd.core.workflows import workflow_names
+from mopd.core.workflows import workflow, workflow_names
 
 SCHEDULERS = ("auto", "lockstep", "async")
 """Rollout schedulers (``rollout.scheduler``; ``mopd.rollout.async_scheduler.run_rollout``)."""
@@ -89,6 +89,11 @@ class RolloutConfig:
         for name in ("group_size", "answer_candidates", "max_input_tokens", "max_output_tokens",
                      "max_steps", "max_rounds", "max_batch_calls", "tensor_parallel_size"):
             positive(f"rollout.{name}", getattr(self, name))
+        fewest = workflow(self.workflow).min_steps
+        if self.max_steps < fewest:
+            raise ConfigError(f"rollout.max_steps={self.max_steps}: a {self.workflow} run needs at least {fewest} "
+                              f"environment steps ({workflow(self.workflow).description}); set "
+                              f"rollout.max_steps>={fewest}")
         positive("rollout.max_searchers_per_wave", self.max_searchers_per_wave, allow_zero=True)
         positive("rollout.temperature", self.temperature)
         if not 0 < self.top_p <= 1:

@@ -26,14 +26,18 @@ class Workflow:
     evaluation of this workflow falls back to when the config is another workflow's)."""
     description: str
     """One line for help texts and ``mopd describe``."""
+    min_steps: int = 1
+    """The fewest environment steps a run of it can finish in (``rollout.max_steps`` below it is
+    refused when the config is built)."""
 
     def __post_init__(self):
         if not self.name or self.name != self.name.lower() or not self.name.isidentifier():
             raise ValueError(f"Workflow.name={self.name!r} must be a lower-case identifier")
         if not self.roles:
             raise ValueError(f"workflow {self.name!r} runs no role")
-        if self.max_steps < 1:
-            raise ValueError(f"workflow {self.name!r}: max_steps={self.max_steps} must be >= 1")
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"workflow {self.name!r}: max_steps={self.max_steps} and min_steps={self.min_steps} "
+                             "must satisfy 1 <= min_steps <= max_steps")
 
 
 WORKFLOW_TABLE: Dict[str, Workflow] = {}
@@ -70,6 +74,8 @@ def workflow(name: str) -> Workflow:
 
 
 BUILTIN_WORKFLOWS = ("cmas", "hmas")
-add_workflow(Workflow("cmas", ("searcher", "answerer"), 5, "Searcher -> Answerer cascade (C-MAS)"))
+add_workflow(Workflow("cmas", ("searcher", "answerer"), 5, "Searcher -> Answerer cascade (C-MAS)",
+                      min_steps=2))   # one Searcher step and the Answerer's
 add_workflow(Workflow("hmas", ("leader", "searcher", "answerer"), 12,
-                      "Leader -> waves of Searchers -> Answerer (H-MAS; also 5 delegation rounds)"))
+                      "Leader -> waves of Searchers -> Answerer (H-MAS; also 5 delegation rounds)",
+                      min_steps=2))   # a Leader step and the Answerer's

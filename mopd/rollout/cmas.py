@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import List
 
 from mopd.rollout.agents import AnswerRequest, Searcher
+from mopd.core.workflows import workflow
 from mopd.rollout.run_state import RunContext, SearchNeed, Turn, register_state_machine
 
-MIN_STEPS = 2
+MIN_STEPS = workflow("cmas").min_steps
 
 
 @register_state_machine("cmas")

@@ -22,9 +22,10 @@ from typing import List, Optional
 
 from mopd.rollout.agents import AnswerRequest, Leader, Searcher
 from mopd.rollout.lanes import Lane, merge_events
+from mopd.core.workflows import workflow
 from mopd.rollout.run_state import RunContext, SearchNeed, Turn, register_state_machine
 
-MIN_STEPS = 2
+MIN_STEPS = workflow("hmas").min_steps
 
 
 @register_state_machine("hmas")
