@@ -49,7 +49,10 @@ from mopd.recipes.tiny_world.world_kb import name_vocabulary
 from mopd.retriever.corpus import corpus_fingerprint
 
 PI0_FILE = "pi0.json"
-PI0_FORMAT = 1
+PI0_FORMAT = 2
+"""Part of a pi_0 directory's settings: 2 since the SFT packs each role's calls into one row and
+steps a fused AdamW (the same loss, other float rounding), so a pi_0 trained before is rebuilt,
+not reused as if this code had made it."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class WarmStartSettings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 4096
-    """Padded tokens per forward/backward (memory bound only; the step is the same either way)."""
+    """Tokens per forward/backward (a packed row's: :class:`mopd.data.sft.SFTSettings`; memory bound
+    only: the step is the same either way)."""
     seed: int = 0
     vocab_size: int = 2048
     hidden: int = 128

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from mopd.cli import main
-from mopd.data.sft import SFTSettings, micro_batches, sft_loss_sum, shared_prefix_len, train_sft
+from mopd.data.sft import (PACKED, SFTSettings, micro_batches, packed_micro_batches, sft_loss_sum, sft_loss_sum_packed,
+                           shared_prefix_len, train_sft)
+from mopd.data import sft as sft_module
 from mopd.recipes.tiny_world.world import load_split
 from mopd.recipes.tiny_world.warmstart import build_pi0, make_demonstrations, read_pi0
 
@@ -63,6 +65,75 @@ def test_sft_loss_matches_a_per_sequence_reference_in_value_and_gradient(small_m
     torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
+
+
+@pytest.fixture
+def packed_model(small_model):
+    """``small_model`` under the packed SFT attention (restored afterwards)."""
+    before = small_model.config._attn_implementation
+    sft_module._register_packed()
+    small_model.set_attn_implementation(PACKED)
+    yield small_model
+    small_model.set_attn_implementation(before)
+
+
+@pytest.mark.parametrize("n, prefix_len", [(5, 13), (1, 7), (7, 0)])
+def test_the_packed_loss_matches_the_per_sequence_reference_in_value_and_gradient(packed_model, n, prefix_len):
+    """One row, the prefix once, no padding: the loss and every gradient of the unpacked sequences
+    (one sequence alone; sequences sharing no prefix; GQA heads, 4 query heads over 2 K/V)."""
+    seqs = random_seqs(random.Random(n + prefix_len), n, prefix_len=prefix_len)
+    w = torch.rand(97, generator=torch.Generator().manual_seed(n)) * 3
+    loss, count = sft_loss_sum_packed(packed_model, seqs, token_weights=w)
+    grads = torch.autograd.grad(loss, list(packed_model.parameters()))
+    packed_model.set_attn_implementation("sdpa")
+    ref, n_ref = sft_loss_sum(packed_model, seqs, pad_id=0, share_prefix=False, token_weights=w)
+    ref_grads = torch.autograd.grad(ref, list(packed_model.parameters()))
+    assert count == pytest.approx(n_ref)
+    torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
+
+
+def test_the_packed_attention_is_sdpa_without_a_layout(packed_model):
+    """Generation through a model left under the packed attention (an interrupted SFT) is SDPA's."""
+    ids = torch.tensor([[5, 9, 2, 44, 17, 3]])
+    packed = packed_model(input_ids=ids).logits
+    packed_model.set_attn_implementation("sdpa")
+    torch.testing.assert_close(packed, packed_model(input_ids=ids).logits)
+
+
+def test_packed_micro_batches_keep_each_role_in_rows_within_the_budget():
+    rng = random.Random(4)
+    seqs = [([k] * 20 + [rng.randrange(9) for _ in range(rng.randrange(5, 60))], [0] * 20 + [1] * 70)
+            for _ in range(15) for k in (1, 2)]
+    seqs = [(ids, m[:len(ids)]) for ids, m in seqs]
+    batches = packed_micro_batches(seqs, budget=150)
+    assert sorted(i for b in batches for i in b) == list(range(len(seqs)))
+    for b in batches:
+        assert len({seqs[i][0][0] for i in b}) == 1 and b == sorted(b)
+        group = [seqs[i] for i in range(len(seqs)) if seqs[i][0][0] == seqs[b[0]][0][0]]
+        prefix = shared_prefix_len(group)
+        assert len(b) == 1 or prefix + sum(len(seqs[i][0]) - prefix for i in b) <= 150
+    assert len(packed_micro_batches(seqs, budget=10 ** 6)) == 2   # one row per role
+
+
+def test_packed_and_padded_sft_train_the_same_weights(small_model):
+    """A few optimiser steps either way: the same losses and weights (float tolerance), and the
+    model's attention implementation as it was."""
+    import copy
+
+    rng = random.Random(6)
+    episodes = [random_seqs(rng, rng.randrange(1, 4), prefix_len=9) for _ in range(7)]
+    runs = []
+    for packed in (True, False):
+        model = copy.deepcopy(small_model)
+        losses = train_sft(model, episodes, SFTSettings(steps=3, episodes_per_step=3, lr=1e-2, seed=2, packed=packed,
+                                                        micro_batch_tokens=64), pad_id=0)
+        assert model.config._attn_implementation == small_model.config._attn_implementation
+        runs.append((losses, [p.detach() for p in model.parameters()]))
+    torch.testing.assert_close(torch.tensor(runs[0][0]), torch.tensor(runs[1][0]), rtol=1e-4, atol=1e-5)
+    for a, b in zip(runs[0][1], runs[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 def test_shared_prefix_stops_before_the_first_trained_token():
