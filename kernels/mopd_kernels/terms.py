@@ -13,7 +13,9 @@ role r (its spec's columns gathered from the role table):
               (old_logp None: the detached logp, so rho = 1 with rho's gradient; the log-ratio may be
               clamped to [-c, c] first, as verl does)
     pg_t    = the settings' objective (``mopd_kernels.objectives``), e.g. PPO's
-              max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)), capped at -A c for A < 0
+              max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)), capped at -A c for A < 0;
+              a per-sequence one (VESPO) also sees its sequence (``SequenceView``); times 0 where
+              the off-policy mask drops it (``off_policy_keep``)
     kl_t    = the role's estimator (``mopd_kernels.kl``: k1, k2, k3), times rho_t with
               ``kl_bias_correction``
     loss_t  = w_t (pg_coef s_t pg_t + kl_coef kl_t) - v_t entropy_coef H_t

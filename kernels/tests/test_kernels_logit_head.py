@@ -12,16 +12,20 @@ from mopd_kernels import LossInputs, PolicyLossSettings, RoleSpec, compiled_rows
 BACKENDS = ["torch", "compiled", "triton", "reference"]
 HEADS = [(0.37, None), (1.6, 2.5), (1.0, 4.0)]  # (logit_scale, logit_softcap): scale only, both, cap only
 TEMPERATURE = 0.9
+VOCAB = {"compiled": 1100}
+"""The compiled pass's vocabulary is test_kernels_compiled_rows.py's (it compiles once per vocabulary,
+dtype and map, so its uncapped kernels are already compiled); the others take a smaller odd one (the
+Triton interpreter walks the row in Python-level blocks)."""
 
 
 @pytest.fixture
 def backend(request, monkeypatch):
-    """The backend name the ops take; ``compiled`` is the torch backend with the compiled CPU row pass
-    on at any vocabulary (its kernels are counted, so the test fails if they did not run)."""
+    """``(backend name the ops take, vocabulary)``; ``compiled`` is the torch backend with the compiled
+    CPU row pass on at any vocabulary (its kernels are counted, so the test fails if they did not run)."""
     name = request.param
     if name != "compiled":
         monkeypatch.setenv("MOPD_KERNELS_COMPILE", "0")
-        yield name
+        yield name, VOCAB.get(name, 389)
         return
     monkeypatch.setattr(compiled_rows, "COMPILED_MIN_VOCAB", 0)
     monkeypatch.setenv("MOPD_KERNELS_COMPILE", "1")
@@ -32,7 +36,7 @@ def backend(request, monkeypatch):
         calls.append(kernel)
         return run(kernel, *args)
     monkeypatch.setattr(compiled_rows, "_run", counting)
-    yield "torch"
+    yield "torch", VOCAB[name]
     assert "sums" in calls and "grads" in calls
 
 
@@ -56,7 +60,8 @@ def _logprobs64(hidden, weight, targets, scale, cap):
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("scale, cap", HEADS)
 def test_linear_logprobs_with_a_scaled_or_capped_head(backend, scale, cap):
-    T, H, V = 43, 20, 389
+    backend, V = backend
+    T, H = 43, 20
     hidden, weight, targets, g = _head(T, H, V, seed=11)
     targets[[1, 40]] = -100
     g_logp, g_ent = (torch.randn(T, generator=g, dtype=torch.float64) for _ in range(2))
@@ -81,7 +86,8 @@ def test_linear_logprobs_with_a_scaled_or_capped_head(backend, scale, cap):
 @pytest.mark.parametrize("scale, cap", HEADS[1:2])
 def test_fused_loss_with_a_capped_head(backend, importance_sampling, scale, cap):
     """PPO with KL (k3) and an entropy bonus over ~2/3 trained rows in chunks of 16: loss and gradients."""
-    T, H, V = 61, 12, 263
+    backend, V = backend
+    T, H = 61, 12
     hidden, weight, targets, g = _head(T, H, V, seed=12)
     roles = torch.randint(-1, 2, (T,), generator=g).clamp(max=0)
     seq = torch.arange(T) // 7
@@ -123,6 +129,7 @@ def test_fused_loss_with_a_capped_head(backend, importance_sampling, scale, cap)
 def test_logits_far_past_the_cap_stay_finite(backend):
     """Logits of hundreds against a cap of 1: on tanh's plateau the slope ``1 - (s/c)^2`` is 0 in fp32,
     the gradient finite and equal to the float64 one."""
+    backend, _ = backend
     T, H, V = 9, 8, 50
     hidden, weight, targets, _ = _head(T, H, V, seed=13)
     weight = weight * 60.0
