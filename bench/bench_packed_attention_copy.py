@@ -4,16 +4,20 @@ A packed row of L tokens holds calls of 60-1,500 tokens (as bench_packed_attenti
 its attention is block-diagonal causal. For q [L, Hq, D], k/v [L, Hkv, D] (SmolLM2-135M: 9 / 3
 heads of 64, L = 2,048; the tiny model: 4 / 4 heads of 32, L = 8,192), forward + backward of:
 
-- ``padded``: ``padded_causal_attention`` as it was (``new_zeros`` + an advanced-index scatter of
-  q, k and v into a right-padded [S, W, H, D] batch, one causal SDPA, an advanced-index gather).
+- ``padded``: ``padded_causal_attention`` (``new_zeros`` + an advanced-index scatter of q, k and v
+  into a right-padded [S, W, H, D] batch, one causal SDPA, an advanced-index gather).
 - ``padded_narrow``: the same batch filled with one slice copy per call, zeroing only the padding.
-- ``segments``: one causal SDPA per call over views of the packed tensors, outputs concatenated
-  (``segment_attention``).
+- ``segments``: one causal SDPA per call over ``split`` views of the packed tensors, as 4-D
+  [1, H, n, D], outputs concatenated (``segment_attention``).
+- ``segments_3d``: the same with a slice per call given to SDPA as 3-D [H, n, D], as it was before
+  2026-12-07 (CPU SDPA runs 3-D input on its math kernel).
 - ``blockdiag``: one SDPA over the whole row with a block-diagonal causal boolean mask [L, L].
 - ``current``: ``mopd.train.packed_attention.packed_causal_attention`` (whichever path it takes).
 
 Variants alternate round by round in one process (order rotating); medians; ratios against
 ``padded``. Every variant's output and gradients are checked against ``segments`` first.
+``--clock cpu`` times this process's CPU time instead of wall time (fair at one thread on a loaded
+machine; at two it counts spinning threads too).
 
     .venv/bin/python bench/bench_packed_attention_copy.py [--rounds 5] [--threads 1,2] [--shapes smollm2,tiny]
 """
@@ -40,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from mopd.train import packed_attention as pa  # noqa: E402
 
-SHAPES = {"smollm2": (2048, 9, 3, 64), "tiny": (8192, 4, 4, 32)}
+SHAPES = {"smollm2": (2048, 9, 3, 64), "tiny": (8192, 4, 4, 32),   # each model at its micro-batch budget
+          "smollm2_8k": (8192, 9, 3, 64), "tiny_2k": (2048, 4, 4, 32)}       # and at the other's
 
 
 def draw_lengths(total: int, seed: int):
@@ -65,6 +70,33 @@ def padded_index(q, k, v, layout, scale):
     return o.transpose(1, 2)[layout.rows, layout.cols]
 
 
+def padded_narrow(q, k, v, layout, scale):
+    """The padded batch filled by one slice copy per call (``pad_sequence``: zeros only in the
+    padding) and read back by slices, instead of advanced indexing."""
+    lengths = list(layout.lengths)
+
+    def pad(t):
+        return torch.nn.utils.rnn.pad_sequence(t.split(lengths), batch_first=True).transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=True, scale=scale,
+                                       enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
+    return torch.cat([o[s, :n] for s, n in enumerate(lengths)])
+
+
+def segments_3d(q, k, v, layout, scale):
+    """The per-call path as it was until 2026-12-07: a slice per call, given to SDPA as 3-D
+    [H, n, D] (which CPU SDPA runs on its math kernel), outputs concatenated."""
+    gqa = q.shape[1] != k.shape[1]
+    outs, start = [], 0
+    for n in layout.lengths:
+        sl = slice(start, start + n)
+        outs.append(F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
+                                                   v[sl].transpose(0, 1), is_causal=True, scale=scale,
+                                                   enable_gqa=gqa).transpose(0, 1))
+        start += n
+    return torch.cat(outs, 0)
+
+
 def blockdiag(q, k, v, layout, scale):
     seq = layout.rows
     pos = torch.arange(q.shape[0])
@@ -76,8 +108,9 @@ def blockdiag(q, k, v, layout, scale):
 
 VARIANTS = {
     "padded": padded_index,
-    "padded_narrow": lambda q, k, v, lay, s: pa.padded_causal_attention(q, k, v, lay, s),
+    "padded_narrow": padded_narrow,
     "segments": lambda q, k, v, lay, s: pa.segment_attention(q, k, v, lay.lengths, s),
+    "segments_3d": segments_3d,
     "blockdiag": blockdiag,
     "current": lambda q, k, v, lay, s: pa.packed_causal_attention(q, k, v, lay, s),
 }

@@ -20,8 +20,8 @@ lengths) runs over the L real tokens only, never over padding:
   for the attention alone (``packed_causal_attention``) either the calls scattered into a
   right-padded [S, H, W, D] batch (W the longest call) for one causal SDPA, then gathered back
   (work S * W^2 / 2 per head, one batched kernel call), or, on a CPU running one thread, one
-  causal SDPA per call over views of the packed row (work sum_s n_s^2 / 2, no copies), whichever
-  measured cheaper there. Pure torch, any device, differentiable.
+  causal SDPA per call over views of the packed row (work sum_s n_s^2 / 2, no copies; 0.33-0.51x
+  the padded path's time there). Pure torch, any device, differentiable.
 
 ``segment_attention`` (one SDPA per call, pure torch) is the reference the tests hold the
 others to, and ``reference_varlen_attn`` wraps it in varlen_attn's signature for CPU tests.
@@ -119,15 +119,19 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths
 
     Call s's rows are softmax(q_s k_s^T * scale + causal) v_s; K/V head j serves query heads
     j*g .. j*g+g-1 (g = Hq / Hkv), as in transformers' ``repeat_kv`` and FlashAttention.
+
+    The calls are ``split`` views of the packed tensors (backward: one ``cat`` of their
+    gradients, where a slice each would fill a zero tensor of the whole row per call), given to
+    SDPA as 4-D [1, H, n, D] (3-D input sends CPU SDPA to its math kernel: bmm, softmax, a [H, n,
+    n] matrix, 2-3x the time of its flash kernel, and what made this path look 4x slower than the
+    padded batch on 2026-12-03).
     """
     gqa = q.shape[1] != k.shape[1]
-    outs, start = [], 0
-    for n in lengths:
-        sl = slice(start, start + n)
-        o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1),
-                                           is_causal=True, scale=scale, enable_gqa=gqa)
-        outs.append(o.transpose(0, 1))
-        start += n
+    lengths = list(lengths)
+    outs = [F.scaled_dot_product_attention(qs.transpose(0, 1)[None], ks.transpose(0, 1)[None],
+                                           vs.transpose(0, 1)[None], is_causal=True, scale=scale,
+                                           enable_gqa=gqa)[0].transpose(0, 1)
+            for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths))]
     return torch.cat(outs, 0)
 
 
@@ -158,11 +162,12 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
     """SEGMENTS' attention: one SDPA per call over views of the packed tensors on a CPU running
     one thread (or for a row of one call), else the padded batch (``padded_causal_attention``).
 
-    Measured in one process (bench/bench_packed_attention_copy.py, forward + backward): on one
-    thread the calls alone take 0.79x the padded round trip's CPU time on an 8k-token row of 15
-    calls and 1.0x on a 2k-token row of 4 (they skip the copies and the padding's S * W^2 / 2
-    work); on two threads of a shared machine 1.5-2.8x its time, since each call is one more
-    parallel region whose barriers wait for descheduled threads, and the padded batch is one."""
+    Measured in one process (bench/bench_packed_attention_copy.py, forward + backward, rows of
+    60-1,500-token calls): on one thread the calls alone take 0.33-0.51x the padded round trip's
+    CPU time (2k and 8k-token rows, SmolLM2's 9/3 heads of 64 and the tiny model's 4 of 32): no
+    copies, no zero fills, and sum_s n_s^2 / 2 work instead of S * W^2 / 2. On two threads of a
+    loaded machine they took 0.94-2.0x its wall time: each call is one more parallel region whose
+    barriers wait for descheduled threads, and the padded batch is one."""
     if len(layout.lengths) == 1 or (q.device.type == "cpu" and torch.get_num_threads() == 1):
         return segment_attention(q, k, v, layout.lengths, scale)
     return padded_causal_attention(q, k, v, layout, scale)
