@@ -25,7 +25,7 @@ def tiny_paper_yaml(assets) -> str:
            "stage1": stage, "stage2": {"mopd": stage, "prompted_critic": stage},
            "eval": {"attempts": 1, "questions": 2, "overrides": ["rollout.engine=hf", "rollout.max_output_tokens=8",
                                                                   "rollout.max_steps=2", "rollout.max_rounds=1"]},
-           "report": {"draws": 20},
+           "teacher_check": {"questions": 2}, "report": {"draws": 20},
            "launcher": {"gpus": 1, "train": "torchrun --nproc_per_node 1 -m mopd",
                         "eval": "torchrun --nproc_per_node 1 -m mopd", "arm_workers": 1, "eval_workers": 1}}
     return json.dumps(cfg, indent=1)   # JSON is YAML

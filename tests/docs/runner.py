@@ -59,12 +59,14 @@ SUBSTITUTIONS = (
     Substitution(r"--device cuda --faiss-gpu --encoder-devices all", "--device cpu", "a GPU -> the CPU"),
     Substitution(r"(?<=[:\s])8000\b", "{port}", "port 8000 -> a free port of this machine"),
     Substitution(r"/models/my-model", "{assets}/models/tiny", "your model -> the tiny random model"),
-    Substitution(r"^\.venv/bin/mopd demo --quick", ".venv/bin/mopd demo --quick --out runs/demo trainer.trace_every=1",
-                 "the smoke run stands for the full demo (about 25 minutes) whose runs/demo the viewer's commands "
-                 "read: in its directory, with token traces every step (the demo's at steps 5 and 10)"),
+    Substitution(r"^\.venv/bin/mopd demo --quick", ".venv/bin/mopd demo --quick trainer.trace_every=1",
+                 "the smoke run stands for the full demo (about 25 minutes): it writes token traces every step, as "
+                 "the demo does at steps 5 and 10"),
     Substitution(r"\bEVAL_DIR\b", "runs/demo/eval/multiagent_opd", "the placeholder -> the demo's evaluation"),
     Substitution(r"^mopd view records\.jsonl", "mopd view runs/demo/eval/multiagent_opd/records.jsonl",
                  "a records file -> the demo evaluation's"),
+    Substitution(r"(?<=\s)runs/demo/", "runs/demo_quick/", "the viewer reads the smoke run's directory for the "
+                 "full demo's", only_in=r"^mopd view "),
 )
 
 
@@ -112,7 +114,7 @@ class DocShell:
                     "HF_HUB_CACHE": str(assets / "hub"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
-    def run(self, cmd: DocCommand, timeout: float = 600) -> str:
+    def run(self, cmd: DocCommand, timeout: float = 1800) -> str:
         """Run one documented command; its output, or DocCommandFailed / KnownFailure."""
         text = as_run(cmd.text, self.assets, self.port)
         self.ran.append((cmd.where, text))

@@ -1,5 +1,6 @@
 """The README's demo smoke run, then docs/viewer.md's and docs/demo.md's `mopd view` commands on
-what it wrote (runs/demo), the page served on a port and fetched, in one working directory."""
+what it wrote (runs/demo_quick, for the full demo's runs/demo), the page served on a port and
+fetched, in one working directory."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_the_demo_smoke_run_then_every_viewer_command_on_it(tiny_assets, tmp_pat
             out = shell.run(cmd)
             if " --serve" in cmd.text:
                 page = shell.get("/view.html").decode()
-                records = shell.cwd / "runs" / "demo" / "eval" / "multiagent_opd" / "records.jsonl"
+                records = shell.cwd / "runs" / "demo_quick" / "eval" / "multiagent_opd" / "records.jsonl"
                 first = json.loads(records.read_text().splitlines()[0])
                 assert page.lstrip().lower().startswith("<!doctype html") and first["question_id"] in page
                 shell.stop_servers()
@@ -31,7 +32,7 @@ def test_the_demo_smoke_run_then_every_viewer_command_on_it(tiny_assets, tmp_pat
             elif cmd.text.startswith("mopd view"):
                 assert "wrote" in out.lower() or ".html" in out, out[-500:]
         assert served
-        demo = shell.cwd / "runs" / "demo"
+        demo = shell.cwd / "runs" / "demo_quick"
         assert (demo / "report" / "report.md").exists()
         assert (demo / "eval" / "multiagent_opd" / "view.html").exists()
         assert (demo / "report" / "view.html").exists()

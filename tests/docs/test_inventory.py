@@ -39,7 +39,9 @@ def test_every_documented_command_is_run_or_marked_with_why():
     for cmd, status in rows:
         print(f"{cmd.where:28} {status:60} {cmd.text.splitlines()[0][:90]}")
     markers = [c for c, s in rows if s.startswith("marker")]
-    print(f"{len(rows)} commands: {len(rows) - len(markers)} run, {len(markers)} marked as not runnable here")
+    tier = sum(s.startswith("run by tests/docs") for _, s in rows)
+    print(f"{len(rows)} commands: {tier} run by tests/docs, {len(rows) - len(markers) - tier} by other tests or "
+          f"as the same command, {len(markers)} marked as not runnable here")
     missing = [f"{c.where}: {c.text.splitlines()[0]}" for c, s in rows if s.startswith("NOT RUN")]
     assert not missing, ("documented commands no test runs: run them in a tests/docs sequence, or mark them in "
                          "the page (an HTML comment `<!-- doc-test:` before the block, a line "
@@ -74,7 +76,12 @@ def test_substitutions_change_only_what_the_table_says(tmp_path):
     assert as_run("x --port 8000 retriever.url=http://127.0.0.1:8000", tmp_path, 77) == \
         "x --port 77 retriever.url=http://127.0.0.1:77"
     assert as_run("mopd config show mopd --trainer.lr 2e-6", tmp_path, 1) == "mopd config show mopd --trainer.lr 2e-6"
-    assert len(SUBSTITUTIONS) <= 12   # a small table
+    assert as_run("mopd view runs/demo/eval/a runs/demo/eval/b --teacher runs/demo/stage1/export", tmp_path, 1) == \
+        "mopd view runs/demo_quick/eval/a runs/demo_quick/eval/b --teacher runs/demo_quick/stage1/export"
+    assert as_run("mopd view EVAL_DIR --x", tmp_path, 1) == "mopd view runs/demo_quick/eval/multiagent_opd --x"
+    assert as_run("mopd view records.jsonl --serve", tmp_path, 1) == \
+        "mopd view runs/demo_quick/eval/multiagent_opd/records.jsonl --serve"
+    assert len(SUBSTITUTIONS) <= 14   # a small table
 
 
 def test_markers_are_read_per_command_and_a_stale_one_is_an_error(tmp_path):
