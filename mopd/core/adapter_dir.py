@@ -41,6 +41,12 @@ class AdapterDir:
     def rank(self) -> int:
         return int(self.config.get("r", 0))
 
+    @property
+    def base_dir(self) -> str:
+        """The base as a loadable local directory where there is one (a Hub id: its snapshot in the
+        local Hugging Face cache), else ``base_path`` as recorded."""
+        return str(resolve_base_dir(self.base_path) or self.base_path)
+
 
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -111,8 +117,7 @@ def tokenizer_dir(model_path: str) -> str:
     without tokenizer files of its own (``mopd export --adapter`` writes none), its base's."""
     if not is_adapter_dir(model_path) or any((Path(model_path) / f).is_file() for f in TOKENIZER_FILES):
         return model_path
-    base = read_adapter_dir(model_path).base_path
-    return str(resolve_base_dir(base) or base)
+    return read_adapter_dir(model_path).base_dir
 
 
 def adapter_of(model_path: str) -> Optional[AdapterDir]:
@@ -125,7 +130,7 @@ def adapter_of(model_path: str) -> Optional[AdapterDir]:
     from mopd.core.fingerprint import model_fingerprint
 
     adapter = read_adapter_dir(model_path)
-    base = resolve_base_dir(adapter.base_path) or Path(adapter.base_path).expanduser()
+    base = Path(adapter.base_dir).expanduser()
     if not (base / "config.json").is_file():
         raise AdapterDirError(f"{model_path} is an adapter over {adapter.base_path}, which is not a model directory "
                               "here: put the base model there (or edit mopd_base.json), or evaluate a merged export "

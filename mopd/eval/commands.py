@@ -117,7 +117,7 @@ def _run(args) -> int:
         adapter = adapter_of(args.model)
     except AdapterDirError as e:
         raise UserError(f"--model {e}") from None
-    base = adapter.base_path if adapter is not None else args.model   # weights, tokenizer, template, context
+    base = adapter.base_dir if adapter is not None else args.model   # weights, tokenizer, template, context
     problem = model_dir_problem(base)
     if problem:
         what = f"--model {args.model}'s base {base}" if adapter is not None else f"--model {args.model}"
@@ -196,7 +196,7 @@ def evaluated_model(path: str, adapter) -> dict:
     own = model_fingerprint(path)
     if adapter is None:
         return own
-    base = model_fingerprint(adapter.base_path)
+    base = model_fingerprint(adapter.base_dir)
     return {**own, "chat_template": base["chat_template"], "base_weights": base["weights"]}
 
 

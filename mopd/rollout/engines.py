@@ -89,7 +89,7 @@ def build_vllm(rollout_cfg, model_path: str, *, dtype: str, device: Optional[str
 
     adapter = adapter_of(model_path)
     if adapter is not None:
-        model_path, lora_rank = adapter.base_path, max(lora_rank, adapter.rank)
+        model_path, lora_rank = adapter.base_dir, max(lora_rank, adapter.rank)
     # The longest sequence one call can reach: vLLM would otherwise size its KV cache and
     # its checks for the model's full context (256K tokens for Qwen3-4B-Instruct-2507).
     engine = VLLMEngine(model_path, gpu_memory_utilization=rollout_cfg.vllm_memory_share(),

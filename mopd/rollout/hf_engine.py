@@ -80,7 +80,7 @@ class HFEngine:
         from mopd.core.adapter_dir import adapter_of
 
         adapter = adapter_of(path)
-        base = adapter.base_path if adapter is not None else path
+        base = adapter.base_dir if adapter is not None else path
         tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=remote_code_trusted())
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype, trust_remote_code=remote_code_trusted())
         if adapter is not None:   # W + alpha/r * B A in the weights: a plain model, sampled at plain speed

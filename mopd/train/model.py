@@ -80,7 +80,7 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn:
     over: :func:`mopd.core.adapter_dir.adapter_of`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mopd.core.adapter_dir import AdapterDirError, adapter_of, resolve_base_dir
+    from mopd.core.adapter_dir import AdapterDirError, adapter_of
     from mopd.train import lora, packed_attention
 
     try:
@@ -88,7 +88,7 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, device: torch.device, attn:
     except AdapterDirError as e:
         raise ModelLoadError(str(e)) from None
     if adapter is not None:
-        base = str(resolve_base_dir(adapter.base_path) or adapter.base_path)
+        base = adapter.base_dir
         model, tok = load_causal_lm(base, dtype=dtype, device=device, attn=attn, use_liger=use_liger)
         try:
             return lora.merge_adapter(model, path), tok

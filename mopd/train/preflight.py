@@ -13,7 +13,7 @@ import socket
 from datetime import timedelta
 from pathlib import Path
 
-from mopd.core.adapter_dir import AdapterDirError, adapter_of, resolve_base_dir
+from mopd.core.adapter_dir import AdapterDirError, adapter_of
 from mopd.core.errors import UserError
 from mopd.core.model_dir import model_dir_problem
 from mopd.core.model_weights import tokenizer_length, weights_problem
@@ -178,7 +178,7 @@ def _check_merged_adapter(key: str, path: str) -> None:
         adapter = adapter_of(path)   # reads, fits its config, its base is there with its weights
     except AdapterDirError as e:
         raise PreflightError(f"{key}: {e}") from None
-    problem = model_dir_problem(resolve_base_dir(adapter.base_path) or adapter.base_path)
+    problem = model_dir_problem(adapter.base_dir)
     if problem:
         raise PreflightError(f"{key}={path} is an adapter over {adapter.base_path}, which {problem}")
 

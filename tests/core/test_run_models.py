@@ -144,3 +144,13 @@ def test_a_hub_id_base_is_resolved_through_the_local_cache_and_recorded_as_the_i
     hub_run = models("model.path=Org/Tiny", "model.lora.rank=4", f"teacher.path={adapter}")
     assert hub_run.teacher.kind == VIEW_ADAPTER
     hub_run.check()
+    # an adapter that records the Hub id (as a run over Org/Tiny writes it) loads from the cache
+    over_hub = tmp_path / "over_hub"
+    shutil.copytree(adapter, over_hub)
+    (over_hub / "mopd_base.json").write_text(json.dumps(m.base_record))
+    found = adapter_of(str(over_hub))
+    assert found.base_path == "Org/Tiny" and found.base_dir == str(repo / "snapshots" / "abc123")
+    from mopd.core.adapter_dir import tokenizer_dir
+    from mopd.core.model_dir import model_dir_problem
+
+    assert model_dir_problem(found.base_dir) is None and tokenizer_dir(str(over_hub)) == found.base_dir

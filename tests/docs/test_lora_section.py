@@ -9,19 +9,9 @@ import json
 
 import pytest
 
-from tests.docs.runner import KnownFailure
 from tests.docs.sequences import sequence
 
 pytestmark = pytest.mark.slow
-
-# the documented commands that fail today as issue 58 says: "page:line" -> the error text it reports
-# (a command failing otherwise fails the test; one of these succeeding fails it too: the xfail is strict)
-KNOWN = {
-    # the adapter records its base as typed (a Hub id, or a path relative to where training ran), and the
-    # evaluation of an adapter looks for that text as a directory
-    "mopd eval run --model runs/stage2/adapter": "is not a model directory (no config.json)",
-}
-
 
 def lora_commands():
     commands = sequence("lora")
@@ -30,12 +20,10 @@ def lora_commands():
     return commands[:-1], pipeline[0]
 
 
-@pytest.mark.xfail(strict=True, raises=KnownFailure,
-                   reason="issue 58: `mopd eval run --model ADAPTER` over a Hub-id base: the base is recorded as typed")
 def test_the_lora_section_runs_command_by_command(tiny_assets, tmp_path):
     from tests.docs.runner import DocShell
 
-    shell = DocShell(tmp_path / "work", tiny_assets, known=KNOWN)
+    shell = DocShell(tmp_path / "work", tiny_assets)
     commands, _ = lora_commands()
     texts = [c.text for c in commands]
     assert any("--export-adapter" in t and "--resume" not in t for t in texts)
