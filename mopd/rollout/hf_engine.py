@@ -4,7 +4,9 @@ All requests of a call (and their ``n`` samples) become rows of one left-padded 
 prompt length and cut into chunks of at most ``max_batch_rows`` to limit padding. Each chunk is
 one prefill and then one decode step per token with the KV cache; rows that finish (EOS, a stop
 string, or their own token limit) stop sampling at once and are dropped from the batch and the
-cache as soon as they make up a quarter of it.
+cache as soon as they make up a quarter of it. The KV cache, the mask and the sampled tokens live in
+preallocated buffers (a step writes one column; no copy of the cache per token), and the host reads
+the tokens every step on the CPU, every ``CHECK_EVERY`` steps on an accelerator.
 
 Left padding keeps every row's last prompt token at the same column; position ids are counted
 from each row's first real token, so a padded row sees exactly the positions it would alone.

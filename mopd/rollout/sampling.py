@@ -1,7 +1,8 @@
 """Engine-independent sampling pieces: seeds, per-row random streams, one sampling step, stop strings.
 
 Batch invariance: every sampled row owns a CPU ``torch.Generator`` seeded from its request's seed
-and its sample index, and draws exactly one uniform per step. A token is then drawn by inverse-CDF
+and its sample index, and uses exactly one uniform per step (drawn 64 at a time:
+:class:`UniformBlocks`). A token is then drawn by inverse-CDF
 on the row's (top-p filtered) distribution, so what a row samples depends only on its own logits
 and seed, never on which other rows share the batch (each row takes the same path whatever the
 others' settings), and CPU and CUDA draw the same uniforms.
