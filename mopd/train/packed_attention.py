@@ -20,7 +20,7 @@ lengths) runs over the L real tokens only, never over padding:
   for the attention alone (``packed_causal_attention``) either the calls scattered into a
   right-padded [S, H, W, D] batch (W the longest call) for one causal SDPA, then gathered back
   (work S * W^2 / 2 per head, one batched kernel call), or, on a CPU running one thread, one
-  causal SDPA per call over views of the packed row (work sum_s n_s^2 / 2, no copies; 0.33-0.51x
+  causal SDPA per call over views of the packed row (work sum_s n_s^2 / 2, no copies; 0.34-0.55x
   the padded path's time there). Pure torch, any device, differentiable.
 
 ``segment_attention`` (one SDPA per call, pure torch) is the reference the tests hold the
@@ -163,7 +163,7 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
     one thread (or for a row of one call), else the padded batch (``padded_causal_attention``).
 
     Measured in one process (bench/bench_packed_attention_copy.py, forward + backward, rows of
-    60-1,500-token calls): on one thread the calls alone take 0.33-0.51x the padded round trip's
+    60-1,500-token calls): on one thread the calls alone take 0.34-0.55x the padded round trip's
     CPU time (2k and 8k-token rows, SmolLM2's 9/3 heads of 64 and the tiny model's 4 of 32): no
     copies, no zero fills, and sum_s n_s^2 / 2 work instead of S * W^2 / 2. On two threads of a
     loaded machine they took 0.94-2.0x its wall time: each call is one more parallel region whose
