@@ -230,8 +230,8 @@ class SFTSettings:
     packed: bool = True
     """Pack each role's sequences into one row (its prefix once, no padding: ``micro_batch_tokens``
     then bounds the row's real tokens) instead of right-padded rows: the same loss and gradients
-    in 0.73-0.88x the CPU time a step on the warm start's batches (bench/RESULTS.md, "pi_0's SFT
-    without padding")."""
+    in about 0.88x the time on the warm start's batches (bench/RESULTS.md, "pi_0's SFT without
+    padding")."""
 
 
 def train_sft(model, episodes: Sequence[Sequence[Seq]], settings: SFTSettings, *, pad_id: int,
