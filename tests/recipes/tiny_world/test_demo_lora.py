@@ -50,9 +50,9 @@ def test_the_lora_dry_run_shows_the_adapters_and_the_adapter_export(monkeypatch,
     root = tmp_path / "d"
     assert main(["pipeline", "demo_lora_quick", "--dry-run", f"root={root}"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"pipeline demo_lora_quick: 16 stages under {root}")
-    for key in ("world", "pi0", "pi0_check", "stage1", "stage1.export", "stage1.export_adapter", "stage2.mopd",
-                "stage2.no_searcher_supervision", "eval.multiagent_opd", "report"):
+    assert out.startswith(f"pipeline demo_lora_quick: 19 stages under {root}")   # with the teacher check
+    for key in ("world", "pi0", "pi0_check", "stage1", "stage1.export", "stage1.export_adapter", "teacher_check",
+                "stage2.mopd", "stage2.no_searcher_supervision", "eval.multiagent_opd", "report"):
         assert f"] {key}: " in out
     assert out.count("model.lora.rank=16 model.lora.alpha=32 trainer.lr=5e-3") == 3
     assert f"mopd export {root}/stage1 --checkpoint best --adapter --out {root}/stage1/export_adapter" in out
