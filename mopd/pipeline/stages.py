@@ -31,6 +31,7 @@ from mopd.pipeline.config import PipelineConfig, SystemConfig, TrainStageConfig
 from mopd.pipeline.kinds import report_kind, stage_kind
 from mopd.pipeline.owner import check_live_owner
 from dataclasses import fields
+from functools import cached_property
 from mopd.config import identity_yaml
 from mopd.core.fingerprint import data_fingerprint, model_fingerprint
 from mopd.core.run_models import RunModels
@@ -196,9 +197,10 @@ class TrainStage(Stage):
     def run_dir(self) -> Path:
         return Path(self.config.trainer.out_dir)
 
-    @property
+    @cached_property
     def models(self) -> RunModels:
-        """The run's models (:class:`mopd.core.run_models.RunModels`), the planned adapters known."""
+        """The run's models (:class:`mopd.core.run_models.RunModels`), the planned adapters known;
+        built once per stage (the footprint and the plan ask it several times)."""
         return RunModels.from_config(self.config, planned_adapters=self.planned_adapters)
 
     def fingerprint(self) -> str:
